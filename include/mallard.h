@@ -1,0 +1,46 @@
+/* mallard.h — Mallard's public API: prefixed allocation functions, control (mallard_ctl) and statistics. */
+#ifndef MALLARD_H
+#define MALLARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MALLARD_VERSION "0.1.0"
+
+/* Allocation, usable without replacing malloc: same contracts as the standard functions. */
+void *mallard_malloc(size_t size);
+void *mallard_calloc(size_t n, size_t size);
+void *mallard_realloc(void *p, size_t size);
+void *mallard_reallocarray(void *p, size_t n, size_t size);
+void mallard_free(void *p);
+void mallard_free_sized(void *p, size_t size);
+void mallard_free_aligned_sized(void *p, size_t align, size_t size);
+void *mallard_aligned_alloc(size_t align, size_t size);
+int mallard_posix_memalign(void **out, size_t align, size_t size);
+void *mallard_memalign(size_t align, size_t size);
+void *mallard_valloc(size_t size);
+void *mallard_pvalloc(size_t size);
+size_t mallard_usable_size(const void *p);
+
+/* True when p points into memory Mallard handed out (a cheap ownership check). */
+bool mallard_owns(const void *p);
+
+/* Give cached memory back to the OS now: this thread's empty pages (force: even the last of each class),
+ * then every arena's dirty pages (force) or those whose decay delay has passed. */
+void mallard_collect(bool force);
+
+/* jemalloc-style control: read *oldp (size in *oldlenp) and/or write newp (newlen). Returns 0 or an errno code:
+ * ENOENT unknown name, EINVAL wrong length or value, EPERM writing a read-only name. See docs/CTL.md. */
+int mallard_ctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen);
+
+/* Write statistics through write_cb (NULL: stderr). opts: "J" for JSON; see docs/STATS.md. */
+void mallard_stats_print(void (*write_cb)(void *opaque, const char *text), void *opaque, const char *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

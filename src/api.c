@@ -1,0 +1,253 @@
+/* api.c — the allocation API: mallard_* entry points with the inlined fast paths, and (MALLARD_OVERRIDE) the malloc family. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "mallard.h"
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- fast paths ---- */
+static inline void *alloc_class(unsigned c) {
+  heap_t *h = mld_tls_heap;
+  page_t *pg = h->current[c];
+  block_t *b = pg->free;
+  if (likely(b != NULL)) {
+    pg->free = b->next;
+    pg->used++;
+#ifdef MALLARD_STATS
+    h->stats.cls[c].nmalloc++;
+#endif
+    return b;
+  }
+  return mld_malloc_slow(h, c);
+}
+
+static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
+  heap_t *h = mld_heap_get();
+  if (!h) { errno = ENOMEM; return NULL; }
+  return mld_large_alloc(h, size, align, zero);
+}
+
+static inline void *alloc(size_t size) {
+  if (likely(size <= MLD_MEDIUM_MAX)) return alloc_class(mld_size_class(size));
+  return alloc_big(size, MLD_MIN_ALIGN, false);
+}
+
+static MLD_NOINLINE void free_foreign(void *p, const char *what) {
+  segment_t *s = mld_big_aligned_find(p, true);
+  if (s) { mld_huge_free(mld_tls_heap, s, p); return; }
+  mld_report_invalid(what, p);
+}
+
+static inline void dealloc(void *p) {
+  segment_t *seg = segment_of(p);
+  if (unlikely(!mld_owned(seg))) {
+    if (p) free_foreign(p, "free");
+    return;
+  }
+  page_t *pg = page_of(seg, p);
+  heap_t *h = mld_tls_heap;
+  if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
+    /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
+    block_t *b = p;
+    b->next = pg->local_free;
+    pg->local_free = b;
+#ifdef MALLARD_STATS
+    h->stats.cls[pg->size_class].nfree++;
+#endif
+    if (unlikely(--pg->used == 0)) mld_page_retire(h, pg);
+    return;
+  }
+  mld_free_slow(seg, pg, p);
+}
+
+/* Usable size of a block we own, 0 (after a report) for a pointer we do not. */
+static size_t usable_size(const void *p, const char *what) {
+  segment_t *seg = segment_of(p);
+  if (unlikely(!mld_owned(seg))) {
+    segment_t *s = mld_big_aligned_find(p, false);
+    if (s) return s->user_size;
+    mld_report_invalid(what, p);
+    return 0;
+  }
+  if (seg->kind == SEG_HUGE) {
+    if (p == seg->user) return seg->user_size;
+  } else {
+    page_t *pg = page_of(seg, p);
+    if (pg->kind == PAGE_SMALL) return pg->block_size;
+    if (pg->kind == PAGE_LARGE && p == pg->user) return pg->large_size;
+  }
+  mld_report_invalid(what, p);
+  return 0;
+}
+
+static size_t size_round_page(size_t n) { return (n + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1); }
+
+/* An aligned block; align is a power of two. Small requests use a class whose size is a multiple of align. */
+static void *alloc_aligned(size_t align, size_t size) {
+  if (align <= MLD_MIN_ALIGN) return alloc(size);
+  if (size <= MLD_MEDIUM_MAX && align <= MLD_SLOT_SIZE) {
+    size_t want = size < align ? align : size;
+    if (want <= MLD_MEDIUM_MAX) {
+      unsigned c = mld_size_class(want);
+      while (c < MLD_NUM_CLASSES && (mld_class_size[c] & (align - 1))) c++;   /* page starts are slot aligned */
+      if (c < MLD_NUM_CLASSES) return alloc_class(c);
+    }
+  }
+  return alloc_big(size, align, false);
+}
+
+static void *zalloc(size_t total) {
+  if (total <= MLD_MEDIUM_MAX) {
+    void *p = alloc_class(mld_size_class(total));
+    if (p) memset(p, 0, total);
+    return p;
+  }
+  return alloc_big(total, MLD_MIN_ALIGN, true);
+}
+
+static void *reallocate(void *p, size_t size) {
+  if (!p) return alloc(size);
+  if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
+  segment_t *seg = segment_of(p);
+  size_t old;
+  if (likely(mld_owned(seg))) {
+    if (seg->kind == SEG_HUGE) {
+      if (p != seg->user) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
+      old = seg->user_size;
+      if (size > MLD_LARGE_MAX) {
+        void *q = mld_huge_realloc(mld_tls_heap, seg, p, size);
+        if (q) return q;
+        errno = ENOMEM;
+        return NULL;
+      }
+    } else {
+      page_t *pg = page_of(seg, p);
+      if (pg->kind == PAGE_SMALL) {
+        old = pg->block_size;
+        if (size <= old && (size > old / 2 || old <= 64)) return p;   /* fits, and not too wasteful */
+      } else if (pg->kind == PAGE_LARGE && p == pg->user) {
+        old = pg->large_size;
+        if (size > MLD_MEDIUM_MAX && size <= MLD_LARGE_MAX && mld_large_resize_in_place(pg, size)) return p;
+      } else {
+        mld_report_invalid("realloc", p);
+        errno = ENOMEM;
+        return NULL;
+      }
+    }
+  } else {
+    segment_t *s = mld_big_aligned_find(p, false);
+    if (!s) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
+    old = s->user_size;
+  }
+  void *q = alloc(size);
+  if (!q) return NULL;   /* the old block stays valid, as the standard requires */
+  memcpy(q, p, old < size ? old : size);
+  dealloc(p);
+  return q;
+}
+
+/* ---- the prefixed API ---- */
+MLD_EXPORT void *mallard_malloc(size_t size) { return alloc(size); }
+MLD_EXPORT void mallard_free(void *p) { dealloc(p); }
+
+MLD_EXPORT void *mallard_calloc(size_t n, size_t size) {
+  size_t total;
+  if (unlikely(__builtin_mul_overflow(n, size, &total))) { errno = ENOMEM; return NULL; }
+  return zalloc(total);
+}
+
+MLD_EXPORT void *mallard_realloc(void *p, size_t size) { return reallocate(p, size); }
+
+MLD_EXPORT void *mallard_reallocarray(void *p, size_t n, size_t size) {
+  size_t total;
+  if (unlikely(__builtin_mul_overflow(n, size, &total))) { errno = ENOMEM; return NULL; }
+  return reallocate(p, total);
+}
+
+MLD_EXPORT void *mallard_aligned_alloc(size_t align, size_t size) {
+  if (unlikely(align == 0 || (align & (align - 1)))) { errno = EINVAL; return NULL; }
+  return alloc_aligned(align, size);
+}
+
+MLD_EXPORT int mallard_posix_memalign(void **out, size_t align, size_t size) {
+  if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
+  int saved = errno;
+  void *p = alloc_aligned(align, size);
+  if (!p) { errno = saved; return ENOMEM; }
+  *out = p;
+  return 0;
+}
+
+MLD_EXPORT void *mallard_memalign(size_t align, size_t size) {
+  /* glibc: alignments that are not a power of two are rounded up to the next one. */
+  if (align & (align - 1)) {
+    if (align > ((size_t)1 << 62)) { errno = EINVAL; return NULL; }
+    align = (size_t)1 << (64 - __builtin_clzl(align));
+  }
+  return alloc_aligned(align, size);
+}
+
+MLD_EXPORT void *mallard_valloc(size_t size) { return alloc_aligned(MLD_OS_PAGE, size); }
+
+MLD_EXPORT void *mallard_pvalloc(size_t size) {
+  size_t r = size_round_page(size ? size : 1);
+  if (r < size) { errno = ENOMEM; return NULL; }
+  return alloc_aligned(MLD_OS_PAGE, r);
+}
+
+MLD_EXPORT size_t mallard_usable_size(const void *p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
+MLD_EXPORT void mallard_free_sized(void *p, size_t size) { (void)size; dealloc(p); }
+MLD_EXPORT void mallard_free_aligned_sized(void *p, size_t align, size_t size) { (void)align; (void)size; dealloc(p); }
+
+MLD_EXPORT bool mallard_owns(const void *p) {
+  segment_t *seg = segment_of(p);
+  if (!mld_owned(seg)) return p && mld_big_aligned_find(p, false) != NULL;
+  if (seg->kind == SEG_HUGE) return (const uint8_t *)p >= (const uint8_t *)seg->user;
+  page_t *pg = page_of(seg, p);
+  return pg->kind == PAGE_SMALL || pg->kind == PAGE_LARGE;
+}
+
+MLD_EXPORT void mallard_collect(bool force) {
+  mld_ensure_init();
+  mld_heap_collect(mld_tls_heap, force);
+  mld_purge_all(force);
+}
+
+/* ---- replacing the malloc family ---- */
+#ifdef MALLARD_OVERRIDE
+#define ALIAS(name) __attribute__((alias(#name), used, visibility("default")))
+void *malloc(size_t size) ALIAS(mallard_malloc);
+void free(void *p) ALIAS(mallard_free);
+void *calloc(size_t n, size_t size) ALIAS(mallard_calloc);
+void *realloc(void *p, size_t size) ALIAS(mallard_realloc);
+void *reallocarray(void *p, size_t n, size_t size) ALIAS(mallard_reallocarray);
+void *aligned_alloc(size_t align, size_t size) ALIAS(mallard_aligned_alloc);
+int posix_memalign(void **out, size_t align, size_t size) ALIAS(mallard_posix_memalign);
+void *memalign(size_t align, size_t size) ALIAS(mallard_memalign);
+void *valloc(size_t size) ALIAS(mallard_valloc);
+void *pvalloc(size_t size) ALIAS(mallard_pvalloc);
+size_t malloc_usable_size(void *p) ALIAS(mallard_usable_size);
+void free_sized(void *p, size_t size) ALIAS(mallard_free_sized);
+void free_aligned_sized(void *p, size_t align, size_t size) ALIAS(mallard_free_aligned_sized);
+void cfree(void *p) ALIAS(mallard_free);
+void *__libc_malloc(size_t size) ALIAS(mallard_malloc);
+void __libc_free(void *p) ALIAS(mallard_free);
+void *__libc_calloc(size_t n, size_t size) ALIAS(mallard_calloc);
+void *__libc_realloc(void *p, size_t size) ALIAS(mallard_realloc);
+void *__libc_memalign(size_t align, size_t size) ALIAS(mallard_memalign);
+void *__libc_valloc(size_t size) ALIAS(mallard_valloc);
+void *__libc_pvalloc(size_t size) ALIAS(mallard_pvalloc);
+int __posix_memalign(void **out, size_t align, size_t size) ALIAS(mallard_posix_memalign);
+
+/* glibc extensions some programs call: answered by Mallard so glibc's own (unused) heap is never consulted. */
+__attribute__((visibility("default"))) int malloc_trim(size_t pad) {
+  (void)pad;
+  mallard_collect(true);
+  return 1;
+}
+__attribute__((visibility("default"))) int mallopt(int param, int value) {
+  (void)param; (void)value;
+  return 1;
+}
+#endif

@@ -1,0 +1,315 @@
+/* arena.c — arenas: they own segments, hand out slot spans (best fit, coalescing) and keep abandoned pages. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <string.h>
+#include <time.h>
+
+arena_t *mld_arenas[MLD_MAX_ARENAS];
+_Atomic(unsigned) mld_narenas;
+static pthread_mutex_t arenas_create_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Lock with contention accounting: an uncontended acquisition costs one trylock. */
+void mld_lock(pthread_mutex_t *m, lock_stats_t *st) {
+  if (pthread_mutex_trylock(m) != 0) {
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(m);
+    st->contended++;
+    st->wait_ns += now_ns() - t0;
+  }
+  st->ops++;
+}
+
+static void arena_lock(arena_t *a) { mld_lock(&a->lock, &a->lock_stats); }
+static void arena_unlock(arena_t *a) { pthread_mutex_unlock(&a->lock); }
+
+arena_t *mld_arena_get(unsigned index) {
+  return index < atomic_load_explicit(&mld_narenas, memory_order_acquire) ? mld_arenas[index] : NULL;
+}
+
+/* Create one more arena; returns its index or -1. */
+int mld_arena_create(void) {
+  pthread_mutex_lock(&arenas_create_lock);
+  unsigned n = atomic_load(&mld_narenas);
+  int r = -1;
+  if (n < MLD_MAX_ARENAS) {
+    arena_t *a = mld_meta_alloc(sizeof(arena_t));
+    if (a) {
+      pthread_mutex_init(&a->lock, NULL);
+      a->index = n;
+      mld_arenas[n] = a;
+      atomic_store_explicit(&mld_narenas, n + 1, memory_order_release);
+      r = (int)n;
+    }
+  }
+  pthread_mutex_unlock(&arenas_create_lock);
+  return r;
+}
+
+/* ---- span bookkeeping (arena lock held) ---- */
+
+static void span_mark_free(page_t *pg, size_t n) {
+  pg->kind = PAGE_FREE;
+  pg->slot_count = (uint32_t)n;
+  pg->offset = 0;
+  atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+  page_t *last = pg + n - 1;
+  if (last != pg) { last->offset = (uint32_t)(n - 1); last->kind = PAGE_FREE; last->slot_count = 0; }
+}
+
+void mld_span_set_used(page_t *pg, size_t n, uint8_t kind) {
+  pg->kind = kind;
+  pg->slot_count = (uint32_t)n;
+  pg->offset = 0;
+  for (size_t i = 1; i < n; i++) {   /* every slot leads back to the first: page_of() is O(1) for interior pointers */
+    pg[i].offset = (uint32_t)i;
+    pg[i].kind = kind;
+    pg[i].slot_count = 0;
+    atomic_store_explicit(&pg[i].heap, NULL, memory_order_relaxed);
+  }
+}
+
+static void span_insert(arena_t *a, page_t *pg) {
+  size_t n = pg->slot_count;
+  page_t **head = &a->spans[n];
+  if (!pg->purged || !*head) {            /* dirty spans go first: reusing them costs no page faults */
+    pg->prev = NULL;
+    pg->next = *head;
+    if (*head) (*head)->prev = pg;
+    *head = pg;
+  } else {
+    page_t *t = *head;
+    while (t->next) t = t->next;
+    t->next = pg;
+    pg->prev = t;
+    pg->next = NULL;
+  }
+  if (pg->purged) a->purged_slots += n; else a->dirty_slots += n;
+  segment_of(pg)->free_slots += (uint32_t)n;
+}
+
+static void span_remove(arena_t *a, page_t *pg) {
+  size_t n = pg->slot_count;
+  if (pg->prev) pg->prev->next = pg->next; else a->spans[n] = pg->next;
+  if (pg->next) pg->next->prev = pg->prev;
+  pg->next = pg->prev = NULL;
+  if (pg->purged) a->purged_slots -= n; else a->dirty_slots -= n;
+  segment_of(pg)->free_slots -= (uint32_t)n;
+}
+
+static segment_t *segment_new(arena_t *a) {
+  segment_t *seg = mld_os_map_aligned(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE);
+  if (!seg) return NULL;
+  seg->kind = SEG_NORMAL;
+  seg->arena = a;
+  seg->pages[0].kind = PAGE_META;
+  page_t *pg = &seg->pages[MLD_FIRST_SLOT];
+  span_mark_free(pg, MLD_USABLE_SLOTS);
+  pg->purged = 1;                          /* never touched: neither resident nor dirty */
+  pg->zero = 1;
+  seg->next = a->segments;
+  if (a->segments) a->segments->prev = seg;
+  a->segments = seg;
+  a->nsegments++;
+  a->nsegments_mapped++;
+  span_insert(a, pg);
+  mld_owner_set(seg, true);
+  return seg;
+}
+
+void mld_segment_release(arena_t *a, segment_t *seg) {
+  span_remove(a, &seg->pages[MLD_FIRST_SLOT]);
+  if (seg->prev) seg->prev->next = seg->next; else a->segments = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  a->nsegments--;
+  a->nsegments_unmapped++;
+  mld_owner_set(seg, false);
+  mld_os_unmap(seg, MLD_SEGMENT_SIZE);
+}
+
+/* Best fit: the smallest free span with at least `slots` slots, split; a new segment when none fits. */
+page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
+  arena_lock(a);
+  page_t *pg = NULL;
+  for (size_t n = slots; n <= MLD_USABLE_SLOTS; n++) {
+    if (a->spans[n]) { pg = a->spans[n]; break; }
+  }
+  if (!pg) {
+    segment_t *seg = segment_new(a);
+    if (!seg) { arena_unlock(a); return NULL; }
+    pg = &seg->pages[MLD_FIRST_SLOT];
+  }
+  span_remove(a, pg);
+  size_t n = pg->slot_count;
+  if (n > slots) {
+    page_t *rest = pg + slots;
+    span_mark_free(rest, n - slots);
+    rest->purged = pg->purged;
+    rest->zero = pg->zero;
+    rest->dirty_since = pg->dirty_since;
+    span_insert(a, rest);
+  }
+  *zero = pg->zero;
+  pg->purged = 0;
+  pg->zero = 0;
+  mld_span_set_used(pg, slots, PAGE_LARGE);
+  mld_arena_maybe_purge(a, mld_now_ms());
+  arena_unlock(a);
+  return pg;
+}
+
+/* Return a span and coalesce it with free neighbours in its segment; the result is dirty from `now`. */
+static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
+  size_t idx = slot_index(pg), n = pg->slot_count;
+  bool zero = false;
+  if (idx + n < MLD_SLOTS) {
+    page_t *next = pg + n;
+    if (next->kind == PAGE_FREE && next->slot_count) {   /* a first slot of a free span */
+      size_t m = next->slot_count;
+      span_remove(a, next);
+      next->slot_count = 0;
+      n += m;
+    }
+  }
+  if (idx > MLD_FIRST_SLOT) {
+    page_t *prev = pg - 1;
+    prev -= prev->offset;
+    if (prev->kind == PAGE_FREE && prev->slot_count) {
+      size_t m = prev->slot_count;
+      span_remove(a, prev);
+      pg->slot_count = 0;
+      pg->kind = PAGE_FREE;
+      pg = prev;
+      n += m;
+    }
+  }
+  span_mark_free(pg, n);
+  pg->purged = 0;
+  pg->zero = zero;
+  pg->dirty_since = now;
+  span_insert(a, pg);
+  if (!a->next_purge_ms || a->next_purge_ms > now + (uint64_t)mld_opt.dirty_decay_ms)
+    a->next_purge_ms = now + (uint64_t)(mld_opt.dirty_decay_ms > 0 ? mld_opt.dirty_decay_ms : 0);
+}
+
+void mld_arena_free_span(arena_t *a, page_t *pg) {
+  arena_lock(a);
+  uint64_t now = mld_now_ms();
+  pg->user = NULL;
+  free_span_locked(a, pg, now);
+  mld_arena_maybe_purge(a, now);
+  arena_unlock(a);
+  mld_dirty_notify();
+}
+
+/* Take an abandoned page of class `cls` for heap h; the caller collects its remote frees. */
+page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
+  if (!a->abandoned[cls]) return NULL;   /* racy peek: a miss only costs a fresh page */
+  arena_lock(a);
+  page_t *pg = a->abandoned[cls];
+  if (pg) {
+    a->abandoned[cls] = pg->next;
+    if (pg->next) pg->next->prev = NULL;
+    pg->next = pg->prev = NULL;
+    atomic_store_explicit(&pg->heap, h, memory_order_release);
+  }
+  arena_unlock(a);
+  return pg;
+}
+
+void mld_arena_abandon(arena_t *a, page_t *pg) {
+  arena_lock(a);
+  atomic_store_explicit(&pg->heap, NULL, memory_order_release);
+  unsigned cls = pg->size_class;
+  pg->prev = NULL;
+  pg->next = a->abandoned[cls];
+  if (pg->next) pg->next->prev = pg;
+  a->abandoned[cls] = pg;
+  arena_unlock(a);
+}
+
+/* Free abandoned pages whose blocks have all come back by remote frees (lock held). */
+void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    page_t *pg = a->abandoned[c];
+    while (pg) {
+      page_t *next = pg->next;
+      mld_page_collect_remote(pg);
+      if (pg->used == 0) {
+        if (pg->prev) pg->prev->next = pg->next; else a->abandoned[c] = pg->next;
+        if (pg->next) pg->next->prev = pg->prev;
+        pg->next = pg->prev = NULL;
+        free_span_locked(a, pg, now);
+      }
+      pg = next;
+    }
+  }
+}
+
+/* Grow a large block in place by absorbing the free span right after it. */
+bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
+  size_t n = pg->slot_count;
+  if (slot_index(pg) + new_slots > MLD_SLOTS) return false;
+  arena_lock(a);
+  page_t *next = pg + n;
+  bool ok = false;
+  if (next->kind == PAGE_FREE && next->slot_count >= new_slots - n) {
+    size_t m = next->slot_count;
+    span_remove(a, next);
+    if (m > new_slots - n) {
+      page_t *rest = pg + new_slots;
+      span_mark_free(rest, m - (new_slots - n));
+      rest->purged = next->purged;
+      rest->zero = next->zero;
+      rest->dirty_since = next->dirty_since;
+      span_insert(a, rest);
+    }
+    next->slot_count = 0;
+    void *user = pg->user;
+    mld_span_set_used(pg, new_slots, PAGE_LARGE);
+    pg->user = user;
+    ok = true;
+  }
+  arena_unlock(a);
+  return ok;
+}
+
+/* Give the tail of a large block back, keeping its first new_slots slots. */
+void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
+  size_t n = pg->slot_count;
+  if (new_slots >= n) return;
+  arena_lock(a);
+  uint64_t now = mld_now_ms();
+  page_t *tail = pg + new_slots;
+  mld_span_set_used(tail, n - new_slots, PAGE_LARGE);
+  void *user = pg->user;
+  mld_span_set_used(pg, new_slots, PAGE_LARGE);
+  pg->user = user;
+  free_span_locked(a, tail, now);
+  arena_unlock(a);
+  mld_dirty_notify();
+}
+
+#include "stats.h"
+/* Copy an arena's counters under its lock. */
+bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s) {
+  arena_t *a = mld_arena_get(index);
+  if (!a) return false;
+  mld_lock(&a->lock, &a->lock_stats);
+  s->nthreads = a->nthreads;
+  s->nsegments = a->nsegments;
+  s->dirty_bytes = (uint64_t)a->dirty_slots * MLD_SLOT_SIZE;
+  s->purged_bytes = (uint64_t)a->purged_slots * MLD_SLOT_SIZE;
+  s->large_active = a->large_active;
+  s->npurge_passes = a->npurge_passes;
+  s->nmadvise = a->nmadvise;
+  s->purged_total = a->purged_bytes_total;
+  s->lock = a->lock_stats;
+  pthread_mutex_unlock(&a->lock);
+  return true;
+}

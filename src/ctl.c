@@ -1,0 +1,171 @@
+/* ctl.c — mallard_ctl: a dotted namespace to read options and statistics and to steer arenas, threads and purging. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "mallard.h"
+#include "stats.h"
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t ctl_epoch = 1;
+static const char *thp_names[] = { "default", "madvise", "always" };
+
+/* Copy a value out: the caller's buffer must be exactly the value's size. */
+static int rd(void *oldp, size_t *oldlenp, const void *v, size_t n) {
+  if (!oldp) return 0;
+  if (!oldlenp || *oldlenp != n) return EINVAL;
+  memcpy(oldp, v, n);
+  return 0;
+}
+#define RO() do { if (newp || newlen) return EPERM; } while (0)
+#define READ(T, expr) do { T v_ = (expr); return rd(oldp, oldlenp, &v_, sizeof v_); } while (0)
+
+/* Parse "<digits>" at *s followed by '.' (or end); advances *s past it. */
+static bool take_index(const char **s, unsigned *out) {
+  char *end;
+  if (**s < '0' || **s > '9') return false;
+  unsigned long x = strtoul(*s, &end, 10);
+  if (x > 1000000) return false;
+  *out = (unsigned)x;
+  *s = end;
+  return true;
+}
+
+static uint64_t heap_bytes(const heap_stats_t *s, bool freed) {
+  uint64_t b = 0;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) b += (freed ? s->cls[c].nfree : s->cls[c].nmalloc) * mld_class_size[c];
+  return b + (freed ? s->large_bytes_free + s->huge_bytes_free : s->large_bytes_alloc + s->huge_bytes_alloc);
+}
+
+static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
+  RO();
+  if (!strcmp(n, "narenas")) READ(unsigned, mld_opt.narenas ? mld_opt.narenas : atomic_load(&mld_narenas));
+  if (!strcmp(n, "dirty_decay_ms")) READ(long, mld_opt.dirty_decay_ms);
+  if (!strcmp(n, "background_thread")) READ(bool, mld_opt.background_thread);
+  if (!strcmp(n, "retain")) READ(bool, mld_opt.retain);
+  if (!strcmp(n, "thp")) READ(const char *, mld_opt.thp < 0 ? "never" : thp_names[mld_opt.thp]);
+  if (!strcmp(n, "verbose")) READ(bool, mld_opt.verbose);
+  if (!strcmp(n, "abort_conf")) READ(bool, mld_opt.abort_conf);
+  if (!strcmp(n, "stats_print")) READ(bool, mld_opt.stats_print);
+  if (!strcmp(n, "stats_print_opts")) READ(const char *, mld_opt.stats_print_opts);
+  if (!strcmp(n, "huge_cache_max")) READ(size_t, mld_opt.huge_cache_max);
+  unsigned c;
+  if (!strncmp(n, "slab_sizes.", 11) && (n += 11, take_index(&n, &c)) && !*n && c < MLD_NUM_CLASSES)
+    READ(size_t, (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT);
+  return ENOENT;
+}
+
+static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
+  RO();
+  global_stats_t g;
+  if (!strncmp(n, "arenas.", 7)) {
+    const char *s = n + 7;
+    unsigned i;
+    arena_snapshot_t a;
+    if (!take_index(&s, &i) || *s != '.' || !mld_arena_snapshot(i, &a)) return ENOENT;
+    s++;
+    if (!strcmp(s, "nthreads")) READ(unsigned, a.nthreads);
+    if (!strcmp(s, "segments")) READ(uint64_t, a.nsegments);
+    if (!strcmp(s, "dirty_bytes")) READ(uint64_t, a.dirty_bytes);
+    if (!strcmp(s, "purged_bytes")) READ(uint64_t, a.purged_bytes);
+    if (!strcmp(s, "large_active")) READ(uint64_t, a.large_active);
+    if (!strcmp(s, "npurge_passes")) READ(uint64_t, a.npurge_passes);
+    if (!strcmp(s, "nmadvise")) READ(uint64_t, a.nmadvise);
+    if (!strcmp(s, "mutex.ops")) READ(uint64_t, a.lock.ops);
+    if (!strcmp(s, "mutex.contended")) READ(uint64_t, a.lock.contended);
+    if (!strcmp(s, "mutex.wait_ns")) READ(uint64_t, a.lock.wait_ns);
+    return ENOENT;
+  }
+  if (!strncmp(n, "classes.", 8)) {
+    const char *s = n + 8;
+    unsigned c;
+    if (!take_index(&s, &c) || *s != '.' || c >= MLD_NUM_CLASSES) return ENOENT;
+    s++;
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    const class_stats_t *cs = &hs.cls[c];
+    if (!strcmp(s, "size")) READ(size_t, mld_class_size[c]);
+    if (!strcmp(s, "objs_per_page")) READ(size_t, ((size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT) / mld_class_size[c]);
+    if (!strcmp(s, "nmalloc") || !strcmp(s, "nrequests")) READ(uint64_t, cs->nmalloc);
+    if (!strcmp(s, "nfree")) READ(uint64_t, cs->nfree);
+    if (!strcmp(s, "curobjs")) READ(uint64_t, cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0);
+    if (!strcmp(s, "nrefills")) READ(uint64_t, cs->nrefills);
+    if (!strcmp(s, "npages")) READ(uint64_t, cs->npages);
+    if (!strcmp(s, "curpages")) READ(uint64_t, cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0);
+    return ENOENT;
+  }
+  mld_global_stats(&g);
+  if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
+  if (!strcmp(n, "active")) READ(size_t, g.active);
+  if (!strcmp(n, "resident")) READ(size_t, g.resident);
+  if (!strcmp(n, "mapped")) READ(size_t, g.mapped);
+  if (!strcmp(n, "retained")) READ(size_t, g.retained);
+  if (!strcmp(n, "dirty")) READ(size_t, g.dirty);
+  if (!strcmp(n, "metadata")) READ(size_t, g.metadata);
+  return ENOENT;
+}
+
+MLD_EXPORT int mallard_ctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
+  if (!name) return EINVAL;
+  mld_ensure_init();
+  if (!strcmp(name, "version")) { RO(); READ(const char *, MALLARD_VERSION); }
+  if (!strcmp(name, "epoch")) {
+    if (newp) {
+      if (newlen != sizeof(uint64_t)) return EINVAL;
+      ctl_epoch++;   /* statistics are always live: the epoch only tells readers that they looked again */
+    }
+    READ(uint64_t, ctl_epoch);
+  }
+  if (!strncmp(name, "opt.", 4)) return ctl_opt(name + 4, oldp, oldlenp, newp, newlen);
+  if (!strncmp(name, "stats.", 6)) return ctl_stats(name + 6, oldp, oldlenp, newp, newlen);
+  if (!strcmp(name, "arenas.narenas")) { RO(); READ(unsigned, atomic_load(&mld_narenas)); }
+  if (!strcmp(name, "arenas.create")) {
+    RO();
+    if (!oldp) return EINVAL;
+    if (!oldlenp || *oldlenp != sizeof(unsigned)) return EINVAL;
+    int i = mld_arena_create();
+    if (i < 0) return EAGAIN;
+    READ(unsigned, (unsigned)i);
+  }
+  if (!strcmp(name, "arenas.nclasses")) { RO(); READ(unsigned, MLD_NUM_CLASSES); }
+  if (!strncmp(name, "thread.", 7)) {
+    heap_t *h = mld_heap_get();
+    if (!h) return EAGAIN;
+    const char *s = name + 7;
+    if (!strcmp(s, "arena")) {
+      unsigned old = h->arena->index;
+      if (newp) {
+        if (newlen != sizeof(unsigned)) return EINVAL;
+        unsigned want;
+        memcpy(&want, newp, sizeof want);
+        if (!mld_heap_bind_arena(h, want)) return EINVAL;
+      }
+      READ(unsigned, old);
+    }
+    if (!strcmp(s, "allocated")) { RO(); READ(uint64_t, heap_bytes(&h->stats, false)); }
+    if (!strcmp(s, "deallocated")) { RO(); READ(uint64_t, heap_bytes(&h->stats, true)); }
+    if (!strcmp(s, "tcache.flush")) {
+      if (oldp || newp) return EINVAL;
+      mld_heap_collect(h, true);
+      return 0;
+    }
+    return ENOENT;
+  }
+  if (!strncmp(name, "arena.", 6)) {
+    const char *s = name + 6;
+    unsigned i;
+    if (!take_index(&s, &i) || *s != '.') return ENOENT;
+    arena_t *a = mld_arena_get(i);
+    if (!a) return ENOENT;
+    s++;
+    bool all = !strcmp(s, "purge");
+    if (!all && strcmp(s, "decay")) return ENOENT;
+    if (oldp || newp) return EINVAL;
+    mld_lock(&a->lock, &a->lock_stats);
+    if (all) mld_arena_purge(a, true); else mld_arena_maybe_purge(a, mld_now_ms());
+    pthread_mutex_unlock(&a->lock);
+    return 0;
+  }
+  if (!strcmp(name, "background_thread")) { RO(); READ(bool, mld_purge_thread_running()); }
+  return ENOENT;
+}

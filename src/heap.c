@@ -1,0 +1,271 @@
+/* heap.c — thread-local heaps: the malloc slow path, page lists per size class, remote frees, thread exit and adoption. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <errno.h>
+#include <string.h>
+
+/* Every thread starts on this shared empty heap; its first malloc creates a real one. */
+heap_t mld_heap_empty = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty } };
+__thread heap_t *mld_tls_heap __attribute__((tls_model("initial-exec"))) = &mld_heap_empty;
+
+pthread_mutex_t mld_heaps_mutex = PTHREAD_MUTEX_INITIALIZER;
+heap_t *mld_heaps_all;                  /* live heaps (statistics, fork) */
+static heap_t *heaps_pool;              /* heap structs of exited threads, reused */
+heap_stats_t mld_dead_stats;            /* counters of exited threads, folded in when they exit */
+static unsigned next_arena;
+extern pthread_key_t mld_heap_key;
+
+/* ---- page lists ---- */
+static void list_remove(page_list_t *l, page_t *pg) {
+  if (pg->prev) pg->prev->next = pg->next; else l->head = pg->next;
+  if (pg->next) pg->next->prev = pg->prev; else l->tail = pg->prev;
+  pg->next = pg->prev = NULL;
+}
+static void list_push_head(page_list_t *l, page_t *pg) {
+  pg->prev = NULL;
+  pg->next = l->head;
+  if (l->head) l->head->prev = pg; else l->tail = pg;
+  l->head = pg;
+}
+static void list_push_tail(page_list_t *l, page_t *pg) {
+  pg->next = NULL;
+  pg->prev = l->tail;
+  if (l->tail) l->tail->next = pg; else l->head = pg;
+  l->tail = pg;
+}
+
+static void set_current(heap_t *h, unsigned c) {
+  h->current[c] = h->avail[c].head ? h->avail[c].head : &mld_page_empty;
+}
+
+/* ---- heap life ---- */
+static void stats_add(heap_stats_t *dst, const heap_stats_t *src) {
+  const uint64_t *s = (const uint64_t *)src;
+  uint64_t *d = (uint64_t *)dst;
+  for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++) d[i] += s[i];
+}
+
+heap_t *mld_heap_get(void) {
+  heap_t *h = mld_tls_heap;
+  if (h != &mld_heap_empty) return h;
+  mld_ensure_init();
+  pthread_mutex_lock(&mld_heaps_mutex);
+  h = heaps_pool;
+  if (h) heaps_pool = h->next_free;
+  else h = mld_meta_alloc(sizeof(heap_t));
+  if (!h) { pthread_mutex_unlock(&mld_heaps_mutex); return NULL; }
+  memset(h, 0, sizeof *h);
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
+  unsigned n = atomic_load(&mld_narenas);
+  unsigned auto_arenas = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : n;
+  h->arena = mld_arenas[next_arena++ % auto_arenas];   /* round-robin over the automatic arenas */
+  h->arena->nthreads++;
+  h->thread = pthread_self();
+  h->live = true;
+  h->next_all = mld_heaps_all;
+  if (mld_heaps_all) mld_heaps_all->prev_all = h;
+  mld_heaps_all = h;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
+  pthread_setspecific(mld_heap_key, h);
+  return h;
+}
+
+bool mld_heap_bind_arena(heap_t *h, unsigned index) {
+  arena_t *a = mld_arena_get(index);
+  if (!a) return false;
+  pthread_mutex_lock(&mld_heaps_mutex);
+  h->arena->nthreads--;
+  h->arena = a;
+  a->nthreads++;
+  h->bound = true;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  return true;
+}
+
+static void page_release(heap_t *h, page_t *pg) {
+  h->stats.cls[pg->size_class].npages_released++;
+  atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+  mld_arena_free_span(segment_of(pg)->arena, pg);
+}
+
+/* A thread is exiting: empty pages go back to their arena, the others are abandoned for adoption. */
+void mld_heap_abandon(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
+    for (int k = 0; k < 2; k++) {
+      page_t *pg = lists[k]->head;
+      while (pg) {
+        page_t *next = pg->next;
+        pg->next = pg->prev = NULL;
+        pg->in_full = 0;
+        mld_page_collect(pg);
+        if (pg->used == 0) page_release(h, pg);
+        else mld_arena_abandon(segment_of(pg)->arena, pg);
+        pg = next;
+      }
+      lists[k]->head = lists[k]->tail = NULL;
+    }
+    h->current[c] = &mld_page_empty;
+  }
+  pthread_mutex_lock(&mld_heaps_mutex);
+  stats_add(&mld_dead_stats, &h->stats);
+  h->arena->nthreads--;
+  h->live = false;
+  if (h->prev_all) h->prev_all->next_all = h->next_all; else mld_heaps_all = h->next_all;
+  if (h->next_all) h->next_all->prev_all = h->prev_all;
+  h->next_free = heaps_pool;
+  heaps_pool = h;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+}
+
+/* Give back what this heap holds but does not use: empty pages (even the last of a class when forced). */
+void mld_heap_collect(heap_t *h, bool force) {
+  if (h == &mld_heap_empty) return;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
+    for (int k = 0; k < 2; k++) {
+      page_t *pg = lists[k]->head;
+      while (pg) {
+        page_t *next = pg->next;
+        mld_page_collect(pg);
+        if (pg->used == 0 && (force || pg != h->avail[c].head)) {
+          list_remove(lists[k], pg);
+          page_release(h, pg);
+        } else if (k == 1 && pg->free) {
+          list_remove(lists[k], pg);
+          pg->in_full = 0;
+          list_push_tail(&h->avail[c], pg);
+        }
+        pg = next;
+      }
+    }
+    set_current(h, c);
+  }
+}
+
+/* ---- the slow path ---- */
+#define WALK_LIMIT 8     /* pages examined per refill: bounds the slow path however many pages a class has */
+
+static page_t *heap_new_page(heap_t *h, unsigned c) {
+  arena_t *a = h->arena;
+  page_t *pg = mld_arena_adopt(a, c, h);
+  if (pg) {
+    mld_page_collect(pg);
+    if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
+  } else {
+    bool zero;
+    pg = mld_arena_alloc_span(a, mld_opt.page_slots[c], &zero);
+    if (!pg) return NULL;
+    mld_span_set_used(pg, mld_opt.page_slots[c], PAGE_SMALL);
+    mld_page_init(pg, c, h);
+    h->stats.cls[c].npages++;
+  }
+  if (!pg->free) mld_page_extend(pg);
+  list_push_head(&h->avail[c], pg);
+  return pg;
+}
+
+static page_t *heap_find_page(heap_t *h, unsigned c) {
+  page_list_t *avail = &h->avail[c], *full = &h->full[c];
+  page_t *pg = avail->head;
+  for (int i = 0; pg && i < WALK_LIMIT; i++) {
+    page_t *next = pg->next;
+    if (mld_page_collect(pg) || mld_page_extend(pg)) {
+      if (pg != avail->head) { list_remove(avail, pg); list_push_head(avail, pg); }
+      return pg;
+    }
+    list_remove(avail, pg);                 /* nothing free: park it until remote frees arrive */
+    pg->in_full = 1;
+    list_push_tail(full, pg);
+    pg = next;
+  }
+  /* Sweep the oldest full pages for remote frees before taking a new page. */
+  pg = full->head;
+  for (int i = 0; pg && i < WALK_LIMIT; i++) {
+    page_t *next = pg->next;
+    list_remove(full, pg);
+    if (mld_page_collect(pg)) {
+      pg->in_full = 0;
+      list_push_head(avail, pg);
+      return pg;
+    }
+    list_push_tail(full, pg);
+    pg = next;
+  }
+  return heap_new_page(h, c);
+}
+
+void *mld_malloc_slow(heap_t *h, unsigned c) {
+  if (unlikely(h == &mld_heap_empty)) {
+    h = mld_heap_get();
+    if (!h) { errno = ENOMEM; return NULL; }
+  }
+  page_t *pg = heap_find_page(h, c);
+  if (unlikely(!pg)) { set_current(h, c); errno = ENOMEM; return NULL; }
+  h->current[c] = pg;
+  block_t *b = pg->free;
+  pg->free = b->next;
+  pg->used++;
+  h->stats.cls[c].nmalloc++;
+  h->stats.cls[c].nrefills++;
+  return b;
+}
+
+/* The owner freed the last block of a page: keep it if it is the class's only page, else give it back. */
+void mld_page_retire(heap_t *h, page_t *pg) {
+  unsigned c = pg->size_class;
+  if (pg->in_full) {
+    list_remove(&h->full[c], pg);
+    pg->in_full = 0;
+    list_push_tail(&h->avail[c], pg);
+  }
+  if (h->avail[c].head == pg && !pg->next) return;
+  list_remove(&h->avail[c], pg);
+  set_current(h, c);
+  page_release(h, pg);
+}
+
+/* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
+void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
+  heap_t *h = mld_tls_heap;
+  if (unlikely(seg->kind == SEG_HUGE)) {
+    if (p != seg->user) { mld_report_invalid("free", p); return; }
+    mld_huge_free(h, seg, p);
+    return;
+  }
+  if (pg->kind == PAGE_SMALL) {
+    /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
+    block_t *b = p;
+    block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
+    do {
+      b->next = old;
+    } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, b, memory_order_release, memory_order_relaxed));
+    if (h != &mld_heap_empty) {
+      h->stats.cls[pg->size_class].nfree++;
+      h->stats.remote_frees++;
+    }
+    return;
+  }
+  if (pg->kind == PAGE_LARGE && p == pg->user) {
+    mld_large_free(h, pg, p);
+    return;
+  }
+  mld_report_invalid("free", p);
+}
+
+/* ---- fork ---- */
+void mld_heaps_lock(void) { pthread_mutex_lock(&mld_heaps_mutex); }
+void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); }
+
+/* In the child only the forking thread lives: abandon every other heap so its pages can be adopted. */
+void mld_heaps_fork_child(void) {
+  pthread_mutex_init(&mld_heaps_mutex, NULL);
+  heap_t *self = mld_tls_heap;
+  heap_t *h = mld_heaps_all;
+  while (h) {
+    heap_t *next = h->next_all;
+    if (h != self) mld_heap_abandon(h);
+    h = next;
+  }
+}

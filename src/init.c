@@ -1,0 +1,66 @@
+/* init.c — initialisation (lazy and by constructor), thread-exit hook, fork handlers, and statistics at exit. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <stdlib.h>
+#include <string.h>
+
+_Atomic(int) mld_initialized;            /* 0: not yet, 1: in progress, 2: ready */
+pthread_key_t mld_heap_key;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t init_thread;
+
+static void heap_destructor(void *arg) {
+  heap_t *h = arg;
+  if (!h || h == &mld_heap_empty) return;
+  mld_tls_heap = &mld_heap_empty;        /* later frees in this thread take the remote path; a later malloc makes a new heap */
+  mld_heap_abandon(h);
+}
+
+static void fork_prepare(void) {
+  mld_purge_fork_prepare();
+  mld_heaps_lock();
+  unsigned n = atomic_load(&mld_narenas);
+  for (unsigned i = 0; i < n; i++) pthread_mutex_lock(&mld_arenas[i]->lock);
+  mld_huge_fork_prepare();
+}
+
+static void fork_parent(void) {
+  mld_huge_fork_parent();
+  unsigned n = atomic_load(&mld_narenas);
+  for (unsigned i = n; i-- > 0;) pthread_mutex_unlock(&mld_arenas[i]->lock);
+  mld_heaps_unlock();
+  mld_purge_fork_parent();
+}
+
+static void fork_child(void) {
+  mld_huge_fork_child();
+  unsigned n = atomic_load(&mld_narenas);
+  for (unsigned i = 0; i < n; i++) pthread_mutex_init(&mld_arenas[i]->lock, NULL);
+  mld_heaps_fork_child();
+  mld_purge_fork_child();
+}
+
+MLD_HIDDEN void mld_stats_print_at_exit(void);
+
+void mld_init_slow(void) {
+  if (atomic_load(&mld_initialized) == 1 && pthread_equal(init_thread, pthread_self())) return;   /* re-entered from init */
+  pthread_mutex_lock(&init_lock);
+  if (atomic_load(&mld_initialized) == 0) {
+    init_thread = pthread_self();
+    atomic_store(&mld_initialized, 1);
+    mld_size_classes_init();
+    mld_options_init();
+    if (!mld_os_init()) mld_fatal("mallard: cannot reserve the ownership map\n");
+    size_t n = mld_opt.narenas ? mld_opt.narenas : mld_ncpus();
+    if (n > MLD_MAX_ARENAS) n = MLD_MAX_ARENAS;
+    for (size_t i = 0; i < n; i++) mld_arena_create();
+    pthread_key_create(&mld_heap_key, heap_destructor);
+    atomic_store_explicit(&mld_initialized, 2, memory_order_release);
+    /* These may allocate: the allocator is ready by now. */
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    if (mld_opt.stats_print) atexit(mld_stats_print_at_exit);
+  }
+  pthread_mutex_unlock(&init_lock);
+}
+
+__attribute__((constructor)) static void mld_constructor(void) { mld_ensure_init(); }

@@ -1,0 +1,283 @@
+/* internal.h — the one internal header: layout constants, core data structures and cross-file declarations. */
+#ifndef MALLARD_INTERNAL_H
+#define MALLARD_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+
+#define MLD_EXPORT __attribute__((visibility("default")))
+#define MLD_HIDDEN __attribute__((visibility("hidden")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define MLD_NOINLINE __attribute__((noinline))
+#define MLD_CACHE_LINE 64
+
+/* ---- layout ---------------------------------------------------------------------------------------- */
+#define MLD_SEGMENT_SHIFT 22                              /* segments are 4 MiB, aligned to 4 MiB */
+#define MLD_SEGMENT_SIZE ((size_t)1 << MLD_SEGMENT_SHIFT)
+#define MLD_SEGMENT_MASK (MLD_SEGMENT_SIZE - 1)
+#define MLD_SLOT_SHIFT 16                                 /* a segment is cut into 64 KiB slots */
+#define MLD_SLOT_SIZE ((size_t)1 << MLD_SLOT_SHIFT)
+#define MLD_SLOTS (MLD_SEGMENT_SIZE / MLD_SLOT_SIZE)      /* 64; slot 0 holds the segment header */
+#define MLD_FIRST_SLOT 1
+#define MLD_USABLE_SLOTS (MLD_SLOTS - MLD_FIRST_SLOT)
+#define MLD_OS_PAGE 4096
+#define MLD_MIN_ALIGN 16
+
+#define MLD_SMALL_MAX 8192                                /* up to here: pages of one slot */
+#define MLD_MEDIUM_MAX (256 * 1024)                       /* up to here: size-class pages of several slots */
+#define MLD_LARGE_MAX (2 * 1024 * 1024)                   /* up to here: slot spans; above: huge mappings */
+#define MLD_NUM_CLASSES 52
+#define MLD_MAX_PAGE_SLOTS 16
+#define MLD_MAX_ARENAS 64
+#define MLD_ADDR_BITS 47                                  /* user address space covered by the ownership map */
+
+/* ---- blocks, pages, segments ----------------------------------------------------------------------- */
+typedef struct block_s { struct block_s *next; } block_t;
+
+enum { PAGE_META = 0, PAGE_FREE = 1, PAGE_SMALL = 2, PAGE_LARGE = 3 };
+
+struct heap_s;
+struct arena_s;
+
+/* A page descriptor: one per slot; a span's first slot describes it, its other slots hold `offset` back to it. */
+typedef struct page_s {
+  block_t *free;                         /* owner's allocation list */
+  block_t *local_free;                   /* blocks freed by the owner */
+  _Atomic(block_t *) thread_free;        /* blocks freed by other threads (lock-free push) */
+  _Atomic(struct heap_s *) heap;         /* owning heap of a small page; NULL when abandoned or not small */
+  uint32_t used;                         /* blocks handed out and not yet back on free/local_free */
+  uint32_t capacity;                     /* blocks carved into lists so far */
+  uint32_t reserved;                     /* blocks that fit in the page */
+  uint32_t block_size;
+  uint8_t kind;                          /* PAGE_* */
+  uint8_t size_class;
+  uint8_t in_full;                       /* small page parked on its heap's full list */
+  uint8_t purged;                        /* free span: memory was given back to the OS */
+  uint8_t zero;                          /* free span or large block: memory known to be zero */
+  uint8_t pad_[3];
+  uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
+  uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
+  struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
+  void *user;                            /* large block: the pointer handed out (checked on free) */
+  size_t large_size;                     /* large block: requested usable size */
+  uint64_t dirty_since;                  /* free span: when it became dirty, ms */
+} page_t;
+
+enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
+
+typedef struct segment_s {
+  uint32_t kind;                         /* SEG_* */
+  uint32_t free_slots;                   /* normal segment: slots in free spans */
+  struct arena_s *arena;
+  struct segment_s *next, *prev;         /* arena segment list, or the huge cache */
+  size_t map_size;                       /* huge: bytes mapped from `this` */
+  void *user;                            /* huge: the pointer handed out */
+  size_t user_size;                      /* huge: usable bytes from user */
+  uint64_t dirty_since;                  /* huge cache entry: when it was freed, ms */
+  page_t pages[MLD_SLOTS];
+} segment_t;
+
+_Static_assert(sizeof(segment_t) <= MLD_SLOT_SIZE, "segment header fits its slot");
+#define MLD_HUGE_HEADER (((sizeof(segment_t) + MLD_OS_PAGE - 1) / MLD_OS_PAGE) * MLD_OS_PAGE)
+
+static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }
+static inline page_t *page_of(segment_t *seg, const void *p) {
+  page_t *pg = &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> MLD_SLOT_SHIFT];
+  return pg - pg->offset;
+}
+static inline uint8_t *page_start(const page_t *pg) {
+  segment_t *seg = segment_of(pg);
+  return (uint8_t *)seg + ((size_t)(pg - seg->pages) << MLD_SLOT_SHIFT);
+}
+static inline size_t slot_index(const page_t *pg) { return (size_t)(pg - segment_of(pg)->pages); }
+
+/* ---- statistics (per heap, summed when read) --------------------------------------------------------- */
+typedef struct class_stats_s {
+  uint64_t nmalloc;                      /* blocks handed out by this heap */
+  uint64_t nfree;                        /* blocks freed by this thread (local or remote) */
+  uint64_t nrefills;                     /* slow-path refills of the allocation list */
+  uint64_t npages;                       /* pages taken for this class */
+  uint64_t npages_released;              /* empty pages given back to the arena */
+} class_stats_t;
+
+typedef struct heap_stats_s {
+  class_stats_t cls[MLD_NUM_CLASSES];
+  uint64_t large_nmalloc, large_nfree, large_bytes_alloc, large_bytes_free;
+  uint64_t huge_nmalloc, huge_nfree, huge_bytes_alloc, huge_bytes_free;
+  uint64_t remote_frees;                 /* frees pushed to another heap's page */
+} heap_stats_t;
+
+/* ---- thread heap ------------------------------------------------------------------------------------- */
+typedef struct page_list_s { page_t *head, *tail; } page_list_t;
+
+typedef struct heap_s {
+  page_t *current[MLD_NUM_CLASSES];      /* page allocated from; &mld_page_empty when none */
+  page_list_t avail[MLD_NUM_CLASSES];    /* pages with (possibly) free blocks; head == current */
+  page_list_t full[MLD_NUM_CLASSES];     /* pages found full; swept for remote frees before taking new pages */
+  struct arena_s *arena;
+  struct heap_s *next_all, *prev_all;    /* registry of live heaps */
+  struct heap_s *next_free;              /* pool of recycled heap structs */
+  pthread_t thread;
+  bool live;
+  bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
+  heap_stats_t stats;
+} heap_t;
+
+/* ---- arena ------------------------------------------------------------------------------------------- */
+typedef struct lock_stats_s { uint64_t ops, contended, wait_ns; } lock_stats_t;
+
+typedef struct arena_s {
+  pthread_mutex_t lock;
+  lock_stats_t lock_stats;
+  unsigned index;
+  unsigned nthreads;                     /* heaps currently attached */
+  segment_t *segments;                   /* normal segments of this arena */
+  size_t nsegments;
+  page_t *spans[MLD_USABLE_SLOTS + 1];   /* free spans by slot count; dirty ones first */
+  page_t *abandoned[MLD_NUM_CLASSES];    /* small pages of exited threads that still hold blocks */
+  size_t dirty_slots;                    /* slots in free spans not yet purged */
+  size_t purged_slots;
+  uint64_t next_purge_ms;                /* earliest time a dirty span is due */
+  uint64_t npurge_passes, nmadvise, purged_bytes_total;
+  uint64_t nsegments_mapped, nsegments_unmapped;
+  uint64_t large_active;                 /* bytes of large blocks in use */
+} arena_t;
+
+/* ---- options ----------------------------------------------------------------------------------------- */
+typedef struct options_s {
+  unsigned narenas;                      /* 0: one per CPU */
+  long dirty_decay_ms;                   /* delay before free memory is purged; -1: never, 0: at once */
+  bool background_thread;                /* a purging thread while dirty memory waits */
+  bool retain;                           /* keep empty segments mapped (purged) instead of unmapping */
+  int thp;                               /* 0 never, 1 madvise (huge blocks), 2 always */
+  bool verbose;
+  bool abort_conf;
+  bool stats_print;
+  char stats_print_opts[16];
+  unsigned page_slots[MLD_NUM_CLASSES];  /* slots per page for each size class (slab_sizes) */
+  size_t huge_cache_max;                 /* bytes of freed huge mappings kept for reuse before decay */
+} options_t;
+
+extern options_t mld_opt MLD_HIDDEN;
+
+/* ---- cross-file declarations ------------------------------------------------------------------------- */
+/* size_classes.c */
+extern uint32_t mld_class_size[MLD_NUM_CLASSES] MLD_HIDDEN;
+extern uint8_t mld_small_class[MLD_SMALL_MAX / 16 + 1] MLD_HIDDEN;   /* (size+15)/16 -> class for size <= SMALL_MAX */
+MLD_HIDDEN unsigned mld_size_class_slow(size_t size);
+MLD_HIDDEN void mld_size_classes_init(void);
+static inline unsigned mld_size_class(size_t size) {
+  return likely(size <= MLD_SMALL_MAX) ? mld_small_class[(size + 15) >> 4] : mld_size_class_slow(size);
+}
+
+/* os.c */
+MLD_HIDDEN void *mld_os_map_aligned(size_t size, size_t align);
+MLD_HIDDEN void mld_os_unmap(void *p, size_t size);
+MLD_HIDDEN void mld_os_purge(void *p, size_t size);
+MLD_HIDDEN void mld_os_hugepage(void *p, size_t size);
+MLD_HIDDEN void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align);
+MLD_HIDDEN bool mld_os_init(void);
+MLD_HIDDEN void mld_owner_set(const void *seg, bool on);
+MLD_HIDDEN uint64_t mld_now_ms(void);
+MLD_HIDDEN size_t mld_ncpus(void);
+extern _Atomic(uint64_t) *mld_owner_map MLD_HIDDEN;
+static inline bool mld_owned(const void *seg) {
+  _Atomic(uint64_t) *map = mld_owner_map;
+  if (unlikely(!map)) return false;                 /* nothing allocated yet */
+  uintptr_t g = (uintptr_t)seg >> MLD_SEGMENT_SHIFT;
+  if (unlikely(g >= ((uintptr_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT)))) return false;
+  return (atomic_load_explicit(&map[g >> 6], memory_order_relaxed) >> (g & 63)) & 1;
+}
+extern _Atomic(uint64_t) mld_mapped_bytes MLD_HIDDEN;
+extern _Atomic(uint64_t) mld_meta_bytes MLD_HIDDEN;
+
+/* diag.c */
+MLD_HIDDEN void mld_report_invalid(const char *what, const void *p);
+extern _Atomic(uint64_t) mld_invalid_count MLD_HIDDEN;
+MLD_HIDDEN void mld_message(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+MLD_HIDDEN void mld_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* lock helpers (arena.c) */
+MLD_HIDDEN void mld_lock(pthread_mutex_t *m, lock_stats_t *st);
+
+/* arena.c */
+extern arena_t *mld_arenas[MLD_MAX_ARENAS] MLD_HIDDEN;
+extern _Atomic(unsigned) mld_narenas MLD_HIDDEN;
+MLD_HIDDEN arena_t *mld_arena_get(unsigned index);
+MLD_HIDDEN int mld_arena_create(void);
+MLD_HIDDEN page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero);
+MLD_HIDDEN void mld_arena_free_span(arena_t *a, page_t *pg);
+MLD_HIDDEN page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h);
+MLD_HIDDEN void mld_arena_abandon(arena_t *a, page_t *pg);
+MLD_HIDDEN bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots);
+MLD_HIDDEN void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots);
+MLD_HIDDEN void mld_span_set_used(page_t *pg, size_t slots, uint8_t kind);
+MLD_HIDDEN void mld_arena_reap_abandoned(arena_t *a, uint64_t now);   /* lock held */
+MLD_HIDDEN void mld_segment_release(arena_t *a, segment_t *seg);       /* lock held; segment entirely free */
+
+/* purge.c */
+MLD_HIDDEN void mld_arena_maybe_purge(arena_t *a, uint64_t now);   /* lock held */
+MLD_HIDDEN size_t mld_arena_purge(arena_t *a, bool all);          /* lock held; returns bytes purged */
+MLD_HIDDEN void mld_purge_all(bool force);
+MLD_HIDDEN void mld_dirty_notify(void);
+MLD_HIDDEN void mld_purge_fork_prepare(void);
+MLD_HIDDEN void mld_purge_fork_parent(void);
+MLD_HIDDEN void mld_purge_fork_child(void);
+
+/* page.c */
+extern page_t mld_page_empty MLD_HIDDEN;
+MLD_HIDDEN void mld_page_init(page_t *pg, unsigned cls, heap_t *h);
+MLD_HIDDEN bool mld_page_collect(page_t *pg);
+MLD_HIDDEN bool mld_page_extend(page_t *pg);
+MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
+
+/* heap.c */
+extern __thread heap_t *mld_tls_heap MLD_HIDDEN;
+extern heap_t mld_heap_empty MLD_HIDDEN;
+MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
+MLD_HIDDEN void mld_free_slow(segment_t *seg, page_t *pg, void *p);
+MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);
+MLD_HIDDEN heap_t *mld_heap_get(void);
+MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
+MLD_HIDDEN void mld_heap_abandon(heap_t *h);
+MLD_HIDDEN void mld_heaps_lock(void);
+MLD_HIDDEN void mld_heaps_unlock(void);
+MLD_HIDDEN void mld_heaps_fork_child(void);
+MLD_HIDDEN bool mld_heap_bind_arena(heap_t *h, unsigned index);
+extern pthread_mutex_t mld_heaps_mutex MLD_HIDDEN;
+extern heap_t *mld_heaps_all MLD_HIDDEN;
+extern heap_stats_t mld_dead_stats MLD_HIDDEN;
+
+/* large.c */
+MLD_HIDDEN void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero);
+MLD_HIDDEN void mld_large_free(heap_t *h, page_t *pg, void *p);
+MLD_HIDDEN void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero);
+MLD_HIDDEN void mld_huge_free(heap_t *h, segment_t *seg, void *p);
+MLD_HIDDEN void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size);
+MLD_HIDDEN bool mld_large_resize_in_place(page_t *pg, size_t size);
+MLD_HIDDEN void *mld_big_aligned_find(const void *p, bool remove);
+MLD_HIDDEN size_t mld_huge_cache_purge(bool all);
+MLD_HIDDEN void mld_huge_fork_prepare(void);
+MLD_HIDDEN void mld_huge_fork_parent(void);
+MLD_HIDDEN void mld_huge_fork_child(void);
+extern _Atomic(uint64_t) mld_huge_active MLD_HIDDEN;
+extern _Atomic(uint64_t) mld_huge_cached MLD_HIDDEN;
+
+/* meta.c */
+MLD_HIDDEN void *mld_meta_alloc(size_t size);
+
+/* options.c */
+MLD_HIDDEN void mld_options_init(void);
+
+/* init.c */
+extern _Atomic(int) mld_initialized MLD_HIDDEN;
+MLD_HIDDEN void mld_init_slow(void);
+static inline void mld_ensure_init(void) {
+  if (unlikely(atomic_load_explicit(&mld_initialized, memory_order_acquire) != 2)) mld_init_slow();
+}
+
+#endif

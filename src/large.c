@@ -1,0 +1,196 @@
+/* large.c — large blocks (slot spans inside segments) and huge blocks (their own aligned mapping, cached until decay). */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <errno.h>
+#include <string.h>
+
+_Atomic(uint64_t) mld_huge_active;     /* bytes mapped for huge blocks in use */
+_Atomic(uint64_t) mld_huge_cached;     /* bytes of freed huge mappings kept for reuse */
+static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
+static segment_t *huge_cache;          /* freed huge mappings, newest first */
+static segment_t *big_aligned;         /* huge blocks aligned beyond a segment: their header is not at segment_of(p) */
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* ---- large: spans of 64 KiB slots ---- */
+void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
+  size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;   /* slot starts are 64 KiB aligned */
+  if (size > MLD_LARGE_MAX || size + extra > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
+    return mld_huge_alloc(h, size, align, zero);
+  size_t slots = (size + extra + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
+  bool was_zero;
+  page_t *pg = mld_arena_alloc_span(h->arena, slots, &was_zero);
+  if (!pg) { errno = ENOMEM; return NULL; }
+  uint8_t *start = page_start(pg);
+  uint8_t *p = (uint8_t *)round_up((uintptr_t)start, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
+  pg->user = p;
+  pg->large_size = (slots << MLD_SLOT_SHIFT) - (size_t)(p - start);
+  if (zero && !was_zero) memset(p, 0, size);
+  h->stats.large_nmalloc++;
+  h->stats.large_bytes_alloc += pg->large_size;
+  __atomic_fetch_add(&segment_of(pg)->arena->large_active, pg->large_size, __ATOMIC_RELAXED);
+  return p;
+}
+
+void mld_large_free(heap_t *h, page_t *pg, void *p) {
+  (void)p;
+  if (h != &mld_heap_empty) {
+    h->stats.large_nfree++;
+    h->stats.large_bytes_free += pg->large_size;
+  }
+  arena_t *a = segment_of(pg)->arena;
+  __atomic_fetch_sub(&a->large_active, pg->large_size, __ATOMIC_RELAXED);
+  mld_arena_free_span(a, pg);
+}
+
+/* Resize a large block without moving it: shrink gives the tail back, growth absorbs the next free span. */
+bool mld_large_resize_in_place(page_t *pg, size_t size) {
+  uint8_t *start = page_start(pg);
+  size_t head = (size_t)((uint8_t *)pg->user - start);
+  size_t slots = (head + size + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
+  arena_t *a = segment_of(pg)->arena;
+  size_t old = pg->large_size;
+  if (slots < pg->slot_count) mld_arena_shrink_large(a, pg, slots);
+  else if (slots > pg->slot_count && !mld_arena_grow_large(a, pg, slots)) return false;
+  pg->large_size = (pg->slot_count << MLD_SLOT_SHIFT) - head;
+  if (pg->large_size > old) __atomic_fetch_add(&a->large_active, pg->large_size - old, __ATOMIC_RELAXED);
+  else __atomic_fetch_sub(&a->large_active, old - pg->large_size, __ATOMIC_RELAXED);
+  return true;
+}
+
+/* ---- huge: one mapping per block, 4 MiB aligned, with a segment header in front ---- */
+static size_t huge_offset(size_t align) {
+  return align <= MLD_HUGE_HEADER ? MLD_HUGE_HEADER : round_up(MLD_HUGE_HEADER, align);
+}
+
+static segment_t *huge_cache_take(size_t need) {
+  if (!atomic_load_explicit(&mld_huge_cached, memory_order_relaxed)) return NULL;
+  pthread_mutex_lock(&huge_lock);
+  segment_t *best = NULL;
+  for (segment_t *s = huge_cache; s; s = s->next)   /* best fit, wasting at most a quarter */
+    if (s->map_size >= need && s->map_size <= need + need / 4 && (!best || s->map_size < best->map_size)) best = s;
+  if (best) {
+    if (best->prev) best->prev->next = best->next; else huge_cache = best->next;
+    if (best->next) best->next->prev = best->prev;
+    best->next = best->prev = NULL;
+    atomic_fetch_sub(&mld_huge_cached, best->map_size);
+  }
+  pthread_mutex_unlock(&huge_lock);
+  return best;
+}
+
+void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
+  if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
+  bool big = align >= MLD_SEGMENT_SIZE;
+  size_t off = big ? align : huge_offset(align);
+  if (size > SIZE_MAX - off - MLD_OS_PAGE) { errno = ENOMEM; return NULL; }
+  size_t need = round_up(off + size, MLD_OS_PAGE);
+  segment_t *seg = big ? NULL : huge_cache_take(need);
+  bool fresh = false;
+  if (!seg) {
+    seg = mld_os_map_aligned(need, big ? align : MLD_SEGMENT_SIZE);
+    if (!seg) { errno = ENOMEM; return NULL; }
+    seg->kind = SEG_HUGE;
+    seg->map_size = need;
+    fresh = true;
+    if (mld_opt.thp >= 1) mld_os_hugepage(seg, need);
+  }
+  seg->user = (uint8_t *)seg + off;
+  seg->user_size = seg->map_size - off;
+  if (zero && !fresh) memset(seg->user, 0, size);
+  atomic_fetch_add(&mld_huge_active, seg->map_size);
+  if (big) {
+    pthread_mutex_lock(&huge_lock);
+    seg->next = big_aligned;
+    if (big_aligned) big_aligned->prev = seg;
+    big_aligned = seg;
+    pthread_mutex_unlock(&huge_lock);
+  } else if (fresh) {
+    mld_owner_set(seg, true);
+  }
+  if (h != &mld_heap_empty) { h->stats.huge_nmalloc++; h->stats.huge_bytes_alloc += seg->user_size; }
+  return seg->user;
+}
+
+/* Find (and optionally unlink) the header of a huge block aligned beyond a segment. */
+void *mld_big_aligned_find(const void *p, bool remove) {
+  if (!big_aligned) return NULL;
+  pthread_mutex_lock(&huge_lock);
+  segment_t *s = big_aligned;
+  while (s && s->user != p) s = s->next;
+  if (s && remove) {
+    if (s->prev) s->prev->next = s->next; else big_aligned = s->next;
+    if (s->next) s->next->prev = s->prev;
+    s->next = s->prev = NULL;
+  }
+  pthread_mutex_unlock(&huge_lock);
+  return s;
+}
+
+void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
+  (void)p;
+  if (h != &mld_heap_empty) { h->stats.huge_nfree++; h->stats.huge_bytes_free += seg->user_size; }
+  atomic_fetch_sub(&mld_huge_active, seg->map_size);
+  bool owned = mld_owned(seg) && segment_of(seg->user) == seg;
+  if (owned && mld_opt.dirty_decay_ms != 0 && seg->map_size <= mld_opt.huge_cache_max &&
+      atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
+    pthread_mutex_lock(&huge_lock);
+    seg->dirty_since = mld_now_ms();
+    seg->prev = NULL;
+    seg->next = huge_cache;
+    if (huge_cache) huge_cache->prev = seg;
+    huge_cache = seg;
+    atomic_fetch_add(&mld_huge_cached, seg->map_size);
+    pthread_mutex_unlock(&huge_lock);
+    mld_dirty_notify();
+    return;
+  }
+  if (owned) mld_owner_set(seg, false);
+  mld_os_unmap(seg, seg->map_size);
+}
+
+/* Unmap cached huge mappings older than the decay delay (all if `all`); returns bytes unmapped. */
+size_t mld_huge_cache_purge(bool all) {
+  if (!atomic_load(&mld_huge_cached)) return 0;
+  uint64_t now = mld_now_ms();
+  size_t bytes = 0;
+  pthread_mutex_lock(&huge_lock);
+  segment_t *s = huge_cache;
+  while (s) {
+    segment_t *next = s->next;
+    if (all || (mld_opt.dirty_decay_ms >= 0 && now - s->dirty_since >= (uint64_t)mld_opt.dirty_decay_ms)) {
+      if (s->prev) s->prev->next = s->next; else huge_cache = s->next;
+      if (s->next) s->next->prev = s->prev;
+      atomic_fetch_sub(&mld_huge_cached, s->map_size);
+      bytes += s->map_size;
+      mld_owner_set(s, false);
+      mld_os_unmap(s, s->map_size);
+    }
+    s = next;
+  }
+  pthread_mutex_unlock(&huge_lock);
+  return bytes;
+}
+
+/* Resize a huge block: the mapping grows or shrinks with mremap (moved without copying when it must). */
+void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size) {
+  (void)p;
+  size_t off = (size_t)((uint8_t *)seg->user - (uint8_t *)seg);
+  size_t need = round_up(off + size, MLD_OS_PAGE);
+  if (need == seg->map_size) { seg->user_size = need - off; return seg->user; }
+  size_t old = seg->map_size;
+  segment_t *ns = mld_os_remap(seg, old, need, MLD_SEGMENT_SIZE);
+  if (!ns) return NULL;
+  if (ns != seg) { mld_owner_set(seg, false); mld_owner_set(ns, true); }
+  ns->map_size = need;
+  ns->user = (uint8_t *)ns + off;
+  ns->user_size = need - off;
+  if (need > old) atomic_fetch_add(&mld_huge_active, need - old);
+  else atomic_fetch_sub(&mld_huge_active, old - need);
+  if (h != &mld_heap_empty) h->stats.huge_bytes_alloc += need > old ? need - old : 0;
+  return ns->user;
+}
+
+void mld_huge_fork_prepare(void) { pthread_mutex_lock(&huge_lock); }
+void mld_huge_fork_parent(void) { pthread_mutex_unlock(&huge_lock); }
+void mld_huge_fork_child(void) { pthread_mutex_init(&huge_lock, NULL); }

@@ -1,0 +1,121 @@
+/* os.c — the OS layer: aligned mappings, purging, remapping, the segment ownership bitmap, clocks and CPU count. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include <errno.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+_Atomic(uint64_t) *mld_owner_map;          /* one bit per 4 MiB granule: a segment header starts there */
+_Atomic(uint64_t) mld_mapped_bytes;
+static _Atomic(uintptr_t) next_hint;       /* where the next aligned mapping is likely to fit (mappings grow down) */
+
+#define OWNER_MAP_BYTES (((size_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT)) / 8)
+
+static void *map_raw(void *hint, size_t size, int extra_flags) {
+  void *p = mmap(hint, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra_flags, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void *mld_os_map_aligned(size_t size, size_t align) {
+  if (align <= MLD_OS_PAGE) {
+    void *p = map_raw(NULL, size, 0);
+    if (p) atomic_fetch_add(&mld_mapped_bytes, size);
+    return p;
+  }
+  /* First try right below the previous aligned mapping: usually free, and saves the trim. */
+  uintptr_t hint = atomic_load_explicit(&next_hint, memory_order_relaxed);
+  if (hint > size + align) {
+    uintptr_t want = (hint - size) & ~(uintptr_t)(align - 1);
+    void *p = map_raw((void *)want, size, MAP_FIXED_NOREPLACE);
+    if (p == (void *)want) {
+      atomic_store_explicit(&next_hint, want, memory_order_relaxed);
+      atomic_fetch_add(&mld_mapped_bytes, size);
+      return p;
+    }
+    if (p) munmap(p, size);   /* old kernels ignore the flag and may place it elsewhere */
+  }
+  if (size + align < size) return NULL;
+  size_t over = size + align - MLD_OS_PAGE;
+  uint8_t *raw = map_raw(NULL, over, 0);
+  if (!raw) return NULL;
+  uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+  if (aligned > raw) munmap(raw, (size_t)(aligned - raw));
+  size_t tail = (size_t)((raw + over) - (aligned + size));
+  if (tail) munmap(aligned + size, tail);
+  atomic_store_explicit(&next_hint, (uintptr_t)aligned, memory_order_relaxed);
+  atomic_fetch_add(&mld_mapped_bytes, size);
+  return aligned;
+}
+
+void mld_os_unmap(void *p, size_t size) {
+  if (!p || !size) return;
+  munmap(p, size);
+  atomic_fetch_sub(&mld_mapped_bytes, size);
+}
+
+void mld_os_purge(void *p, size_t size) {
+  /* MADV_DONTNEED: RSS drops at once and the pages read back as zero. */
+  madvise(p, size, MADV_DONTNEED);
+}
+
+void mld_os_hugepage(void *p, size_t size) {
+#ifdef MADV_HUGEPAGE
+  madvise(p, size, MADV_HUGEPAGE);
+#else
+  (void)p; (void)size;
+#endif
+}
+
+/* Grow or shrink a mapping keeping `align`: in place if the kernel can, else moved (without copying) to a new aligned range. */
+void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align) {
+  void *p = mremap(old, old_size, new_size, 0);
+  if (p != MAP_FAILED) {
+    if (new_size > old_size) atomic_fetch_add(&mld_mapped_bytes, new_size - old_size);
+    else atomic_fetch_sub(&mld_mapped_bytes, old_size - new_size);
+    return p;
+  }
+  void *dst = mld_os_map_aligned(new_size, align);
+  if (!dst) return NULL;
+  p = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+  if (p == MAP_FAILED) { mld_os_unmap(dst, new_size); return NULL; }
+  atomic_fetch_sub(&mld_mapped_bytes, old_size);   /* dst's bytes were counted by map_aligned */
+  return p;
+}
+
+void mld_owner_set(const void *seg, bool on) {
+  uintptr_t g = (uintptr_t)seg >> MLD_SEGMENT_SHIFT;
+  if (g >= ((uintptr_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT))) return;
+  uint64_t bit = (uint64_t)1 << (g & 63);
+  if (on) atomic_fetch_or_explicit(&mld_owner_map[g >> 6], bit, memory_order_release);
+  else atomic_fetch_and_explicit(&mld_owner_map[g >> 6], ~bit, memory_order_release);
+}
+
+bool mld_os_init(void) {
+  /* Reserved, never written except for the words covering our segments: costs address space only. */
+  void *m = mmap(NULL, OWNER_MAP_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return false;
+  mld_owner_map = m;
+  return true;
+}
+
+uint64_t mld_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+size_t mld_ncpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return (size_t)n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (size_t)n : 1;
+}

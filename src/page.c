@@ -1,0 +1,69 @@
+/* page.c — a small page (slab) of one size class and its three free lists: free, local_free and the atomic thread_free. */
+#include "internal.h"
+
+/* The page every empty heap bin points at: its free list is always empty, so malloc falls into the slow path. */
+page_t mld_page_empty = { .kind = PAGE_META };
+
+#define EXTEND_BYTES (16 * 1024)   /* carve at most this much of a fresh page at a time: RSS grows with use */
+
+void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
+  size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+  pg->free = NULL;
+  pg->local_free = NULL;
+  atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
+  pg->used = 0;
+  pg->capacity = 0;
+  pg->block_size = mld_class_size[cls];
+  pg->reserved = (uint32_t)(bytes / pg->block_size);
+  pg->size_class = (uint8_t)cls;
+  pg->in_full = 0;
+  pg->next = pg->prev = NULL;
+  atomic_store_explicit(&pg->heap, h, memory_order_release);
+}
+
+/* Carve the next blocks of the page into its (empty) free list, in address order. */
+bool mld_page_extend(page_t *pg) {
+  if (pg->capacity >= pg->reserved) return false;
+  size_t bs = pg->block_size;
+  size_t n = EXTEND_BYTES / bs;
+  if (n < 4) n = 4;
+  if (n > pg->reserved - pg->capacity) n = pg->reserved - pg->capacity;
+  uint8_t *first = page_start(pg) + (size_t)pg->capacity * bs;
+  uint8_t *p = first;
+  for (size_t i = 1; i < n; i++, p += bs) ((block_t *)p)->next = (block_t *)(p + bs);
+  ((block_t *)p)->next = pg->free;
+  pg->free = (block_t *)first;
+  pg->capacity += (uint32_t)n;
+  return true;
+}
+
+/* Take every remote free of the page; returns how many blocks came back. */
+size_t mld_page_collect_remote(page_t *pg) {
+  if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed) == NULL) return 0;
+  block_t *list = atomic_exchange_explicit(&pg->thread_free, NULL, memory_order_acquire);
+  if (!list) return 0;
+  size_t n = 1;
+  block_t *tail = list;
+  while (tail->next) { tail = tail->next; n++; }
+  tail->next = pg->free;
+  pg->free = list;
+  pg->used -= (uint32_t)n;
+  return n;
+}
+
+/* Move local and remote frees into the allocation list; true if it is non-empty afterwards. */
+bool mld_page_collect(page_t *pg) {
+  if (pg->local_free) {
+    if (!pg->free) {
+      pg->free = pg->local_free;
+    } else {
+      block_t *t = pg->local_free;
+      while (t->next) t = t->next;
+      t->next = pg->free;
+      pg->free = pg->local_free;
+    }
+    pg->local_free = NULL;
+  }
+  mld_page_collect_remote(pg);
+  return pg->free != NULL;
+}

@@ -1,0 +1,178 @@
+/* stats.c — statistics: per-heap counters summed when read, global figures, and the text/JSON report. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "mallard.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "stats.h"
+
+/* Sum the counters of live heaps and of exited threads. */
+void mld_stats_sum(heap_stats_t *out) {
+  memcpy(out, &mld_dead_stats, sizeof *out);
+  pthread_mutex_lock(&mld_heaps_mutex);
+  for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
+    const uint64_t *s = (const uint64_t *)&h->stats;
+    uint64_t *d = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++)
+      d[i] += __atomic_load_n(&s[i], __ATOMIC_RELAXED);   /* owners update them without atomics: a snapshot */
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+}
+
+void mld_global_stats(global_stats_t *g) {
+  memset(g, 0, sizeof *g);
+  heap_stats_t hs;
+  mld_stats_sum(&hs);
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    uint64_t live = hs.cls[c].nmalloc >= hs.cls[c].nfree ? hs.cls[c].nmalloc - hs.cls[c].nfree : 0;
+    g->allocated += live * mld_class_size[c];
+  }
+  size_t nseg = 0, dirty = 0, purged = 0, large = 0;
+  unsigned n = atomic_load(&mld_narenas);
+  for (unsigned i = 0; i < n; i++) {
+    arena_t *a = mld_arenas[i];
+    mld_lock(&a->lock, &a->lock_stats);
+    nseg += a->nsegments;
+    dirty += a->dirty_slots;
+    purged += a->purged_slots;
+    large += a->large_active;
+    pthread_mutex_unlock(&a->lock);
+  }
+  uint64_t huge = atomic_load(&mld_huge_active), cached = atomic_load(&mld_huge_cached);
+  g->allocated += large + huge;
+  g->active = ((uint64_t)nseg * MLD_USABLE_SLOTS - dirty - purged) * MLD_SLOT_SIZE + huge;
+  g->dirty = (uint64_t)dirty * MLD_SLOT_SIZE + cached;
+  g->retained = (uint64_t)purged * MLD_SLOT_SIZE;
+  g->metadata = atomic_load(&mld_meta_bytes) + (uint64_t)nseg * MLD_HUGE_HEADER + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
+  g->resident = g->active + g->dirty + g->metadata;
+  g->mapped = atomic_load(&mld_mapped_bytes);
+  g->huge_cached = cached;
+}
+
+/* ---- report writer: formats into a stack buffer, never allocates ---- */
+typedef struct out_s {
+  void (*cb)(void *, const char *);
+  void *opaque;
+} out_t;
+
+static void default_write(void *opaque, const char *s) {
+  (void)opaque;
+  size_t n = strlen(s);
+  while (n) {
+    ssize_t w = write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+static void outf(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void outf(out_t *o, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  o->cb(o->opaque, buf);
+}
+
+static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
+  outf(o, "{\"mallard\":{\"version\":\"%s\",\n", MALLARD_VERSION);
+  outf(o, "\"options\":{\"narenas\":%u,\"dirty_decay_ms\":%ld,\"background_thread\":%s,\"retain\":%s,\"thp\":%d,"
+          "\"huge_cache_max\":%zu},\n", atomic_load(&mld_narenas), mld_opt.dirty_decay_ms,
+       mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
+       mld_opt.huge_cache_max);
+  outf(o, "\"stats\":{\"allocated\":%llu,\"active\":%llu,\"resident\":%llu,\"mapped\":%llu,\"retained\":%llu,"
+          "\"dirty\":%llu,\"metadata\":%llu,\"huge_cached\":%llu,\"invalid_frees\":%llu,\"remote_frees\":%llu,"
+          "\"large\":{\"nmalloc\":%llu,\"nfree\":%llu},\"huge\":{\"nmalloc\":%llu,\"nfree\":%llu},"
+          "\"background_thread\":{\"running\":%s,\"wakeups\":%llu}},\n",
+       (unsigned long long)g->allocated, (unsigned long long)g->active, (unsigned long long)g->resident,
+       (unsigned long long)g->mapped, (unsigned long long)g->retained, (unsigned long long)g->dirty,
+       (unsigned long long)g->metadata, (unsigned long long)g->huge_cached,
+       (unsigned long long)atomic_load(&mld_invalid_count), (unsigned long long)hs->remote_frees,
+       (unsigned long long)hs->large_nmalloc, (unsigned long long)hs->large_nfree,
+       (unsigned long long)hs->huge_nmalloc, (unsigned long long)hs->huge_nfree,
+       mld_purge_thread_running() ? "true" : "false", (unsigned long long)mld_purge_thread_wakeups());
+  outf(o, "\"arenas\":[");
+  unsigned n = arenas ? atomic_load(&mld_narenas) : 0;
+  for (unsigned i = 0; i < n; i++) {
+    arena_snapshot_t s;
+    mld_arena_snapshot(i, &s);
+    outf(o, "%s\n{\"index\":%u,\"nthreads\":%u,\"segments\":%llu,\"dirty_bytes\":%llu,\"purged_bytes\":%llu,"
+            "\"large_active\":%llu,\"npurge_passes\":%llu,\"nmadvise\":%llu,\"purged_total\":%llu,"
+            "\"mutex\":{\"ops\":%llu,\"contended\":%llu,\"wait_ns\":%llu}}",
+         i ? "," : "", i, s.nthreads, (unsigned long long)s.nsegments, (unsigned long long)s.dirty_bytes,
+         (unsigned long long)s.purged_bytes, (unsigned long long)s.large_active, (unsigned long long)s.npurge_passes,
+         (unsigned long long)s.nmadvise, (unsigned long long)s.purged_total, (unsigned long long)s.lock.ops,
+         (unsigned long long)s.lock.contended, (unsigned long long)s.lock.wait_ns);
+  }
+  outf(o, "],\n\"classes\":[");
+  bool first = true;
+  for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
+    const class_stats_t *cs = &hs->cls[c];
+    if (!cs->nmalloc && !cs->npages) continue;
+    size_t page_bytes = (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT;
+    outf(o, "%s\n{\"class\":%u,\"size\":%u,\"page_bytes\":%zu,\"objs_per_page\":%zu,\"nmalloc\":%llu,\"nfree\":%llu,"
+            "\"nrequests\":%llu,\"curobjs\":%llu,\"nrefills\":%llu,\"npages\":%llu,\"npages_released\":%llu,"
+            "\"curpages\":%llu}",
+         first ? "" : ",", c, mld_class_size[c], page_bytes, page_bytes / mld_class_size[c],
+         (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree, (unsigned long long)cs->nmalloc,
+         (unsigned long long)(cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0),
+         (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_released,
+         (unsigned long long)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
+    first = false;
+  }
+  outf(o, "]}}\n");
+}
+
+static void print_text(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
+  outf(o, "___ Mallard statistics (version %s) ___\n", MALLARD_VERSION);
+  outf(o, "options: narenas:%u dirty_decay_ms:%ld background_thread:%s retain:%s\n", atomic_load(&mld_narenas),
+       mld_opt.dirty_decay_ms, mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false");
+  outf(o, "allocated: %llu  active: %llu  resident: %llu  mapped: %llu  retained: %llu  dirty: %llu  metadata: %llu\n",
+       (unsigned long long)g->allocated, (unsigned long long)g->active, (unsigned long long)g->resident,
+       (unsigned long long)g->mapped, (unsigned long long)g->retained, (unsigned long long)g->dirty,
+       (unsigned long long)g->metadata);
+  outf(o, "large: nmalloc %llu nfree %llu   huge: nmalloc %llu nfree %llu   remote frees: %llu   invalid frees: %llu\n",
+       (unsigned long long)hs->large_nmalloc, (unsigned long long)hs->large_nfree,
+       (unsigned long long)hs->huge_nmalloc, (unsigned long long)hs->huge_nfree,
+       (unsigned long long)hs->remote_frees, (unsigned long long)atomic_load(&mld_invalid_count));
+  unsigned n = arenas ? atomic_load(&mld_narenas) : 0;
+  if (n) outf(o, "arena threads segments   dirty_KiB  purged_KiB  purges madvise  lock_ops contended wait_us\n");
+  for (unsigned i = 0; i < n; i++) {
+    arena_snapshot_t s;
+    mld_arena_snapshot(i, &s);
+    outf(o, "%5u %7u %8llu %11llu %11llu %7llu %7llu %9llu %9llu %7llu\n", i, s.nthreads,
+         (unsigned long long)s.nsegments, (unsigned long long)s.dirty_bytes / 1024,
+         (unsigned long long)s.purged_bytes / 1024, (unsigned long long)s.npurge_passes,
+         (unsigned long long)s.nmadvise, (unsigned long long)s.lock.ops, (unsigned long long)s.lock.contended,
+         (unsigned long long)s.lock.wait_ns / 1000);
+  }
+  if (classes) outf(o, "class   size page_KiB objs/page     nmalloc       nfree     curobjs   refills  pages cur_pages\n");
+  for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
+    const class_stats_t *cs = &hs->cls[c];
+    if (!cs->nmalloc && !cs->npages) continue;
+    size_t page_bytes = (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT;
+    outf(o, "%5u %6u %8zu %9zu %11llu %11llu %11llu %9llu %6llu %9llu\n", c, mld_class_size[c], page_bytes / 1024,
+         page_bytes / mld_class_size[c], (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree,
+         (unsigned long long)(cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0),
+         (unsigned long long)cs->nrefills, (unsigned long long)cs->npages,
+         (unsigned long long)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
+  }
+}
+
+MLD_EXPORT void mallard_stats_print(void (*write_cb)(void *, const char *), void *opaque, const char *opts) {
+  mld_ensure_init();
+  out_t o = { write_cb ? write_cb : default_write, opaque };
+  bool json = opts && strchr(opts, 'J'), arenas = !(opts && strchr(opts, 'a')), classes = !(opts && strchr(opts, 'b'));
+  global_stats_t g;
+  heap_stats_t hs;
+  mld_global_stats(&g);
+  mld_stats_sum(&hs);
+  if (json) print_json(&o, &g, &hs, arenas, classes);
+  else print_text(&o, &g, &hs, arenas, classes);
+}
+
+void mld_stats_print_at_exit(void) { mallard_stats_print(NULL, NULL, mld_opt.stats_print_opts); }

@@ -1,0 +1,90 @@
+"""Measured runs: wall time, user and system CPU and peak RSS of a command's whole process tree."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class RunResult:
+    wall_s: float
+    user_s: float
+    sys_s: float
+    max_rss_kib: int  # the largest peak RSS of any process in the tree (ru_maxrss of the waited child)
+    returncode: int  # like subprocess: negative signal number when killed by a signal
+    stdout: str
+    stderr: str
+
+
+def _drain(stream, sink: list) -> None:
+    sink.append(stream.read())
+    stream.close()
+
+
+def run_measured(cmd: list[str], env: dict, timeout: float | None = None, cwd: str | None = None,
+                 capture: bool = True) -> RunResult:
+    """Run cmd to completion and measure it; raises OSError if it cannot start, subprocess.TimeoutExpired on timeout.
+
+    CPU times and peak RSS come from wait4() on the child, which includes every descendant it waited for.
+    The child gets its own process group so that a timeout kills the whole tree.
+    """
+    pipe = subprocess.PIPE if capture else None
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    outs: list = []
+    errs: list = []
+    readers = []
+    if capture:
+        readers = [threading.Thread(target=_drain, args=(proc.stdout, outs), daemon=True),
+                   threading.Thread(target=_drain, args=(proc.stderr, errs), daemon=True)]
+        for r in readers:
+            r.start()
+    timed_out = threading.Event()
+
+    def _kill() -> None:
+        timed_out.set()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    timer = threading.Timer(timeout, _kill) if timeout else None
+    if timer:
+        timer.start()
+    try:
+        while True:
+            try:
+                _, status, ru = os.wait4(proc.pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except KeyboardInterrupt:
+                _kill()
+                raise
+    finally:
+        if timer:
+            timer.cancel()
+    wall = time.perf_counter() - t0
+    rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    proc.returncode = rc  # tell Popen the child is reaped
+    if capture:
+        # Descendants that outlive the child may hold the pipes open; do not wait for them forever.
+        for r in readers:
+            r.join(timeout=5 if not timed_out.is_set() else 1)
+        if any(r.is_alive() for r in readers):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            for r in readers:
+                r.join(timeout=2)
+    out = outs[0].decode(errors="replace") if outs else ""
+    err = errs[0].decode(errors="replace") if errs else ""
+    if timed_out.is_set():
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+    return RunResult(wall, ru.ru_utime, ru.ru_stime, int(ru.ru_maxrss), rc, out, err)

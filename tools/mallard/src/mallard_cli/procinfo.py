@@ -1,0 +1,375 @@
+"""Reading a live process: which allocator it uses (from its mappings) and its memory by kind (from smaps)."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+ARENA_HEAP = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit: each non-main arena heap reserves this much, aligned to it
+
+
+class ProcessError(Exception):
+    """A PID that does not exist or whose /proc files cannot be read."""
+
+
+# Library file names (without lib prefix) -> allocator names, most specific first.
+ALLOCATOR_LIBS = [
+    (re.compile(r"libmallard-tracer\.so"), "mallard-tracer"),
+    (re.compile(r"libmallard-secure\.so"), "mallard-secure"),
+    (re.compile(r"libmallard\.so"), "mallard"),
+    (re.compile(r"libjemalloc\.so"), "jemalloc"),
+    (re.compile(r"libmimalloc-secure\.so"), "mimalloc-secure"),
+    (re.compile(r"libmimalloc\.so"), "mimalloc"),
+    (re.compile(r"libtcmalloc_minimal(_debug)?\.so"), "tcmalloc"),
+    (re.compile(r"libtcmalloc(_and_profiler|_debug)?\.so"), "tcmalloc-full"),
+    (re.compile(r"libsnmalloc\w*\.so"), "snmalloc"),
+    (re.compile(r"librpmalloc\.so"), "rpmalloc"),
+    (re.compile(r"libhoard\.so"), "hoard"),
+    (re.compile(r"libscudo\w*\.so"), "scudo"),
+    (re.compile(r"libhardened_malloc\w*\.so"), "hardened_malloc"),
+    (re.compile(r"libc_malloc_debug\.so"), "glibc-malloc-debug"),
+]
+
+
+def _read(pid: int, name: str, binary: bool = False):
+    path = f"/proc/{pid}/{name}"
+    try:
+        with open(path, "rb" if binary else "r") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ProcessError(f"no process with PID {pid}") from None
+    except PermissionError:
+        raise ProcessError(f"cannot read {path}: permission denied (run as the process's owner or as root)") from None
+    except ProcessLookupError:
+        raise ProcessError(f"process {pid} exited while being read") from None
+    except OSError as e:
+        raise ProcessError(f"cannot read {path}: {e.strerror}") from None
+
+
+def check_pid(pid_text: str) -> int:
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        raise ProcessError(f"'{pid_text}' is not a PID (a positive number)") from None
+    if pid <= 0:
+        raise ProcessError(f"'{pid_text}' is not a PID (a positive number)")
+    if not os.path.exists(f"/proc/{pid}"):
+        raise ProcessError(f"no process with PID {pid}")
+    return pid
+
+
+@dataclass
+class WhichResult:
+    pid: int
+    allocator: str | None  # None: cannot tell
+    libraries: list[str]  # allocator libraries mapped, in load order
+    reason: str  # how it was decided, or why it cannot tell
+    traced: bool = False  # the mallard tracer is interposed in front of the allocator
+    exe: str = ""
+    ld_preload: str | None = None
+
+
+def _mapped_files(maps_text: str) -> list[str]:
+    seen: list[str] = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            path = parts[5].strip()
+            if path not in seen:
+                seen.append(path)
+    return seen
+
+
+def which(pid: int) -> WhichResult:
+    maps = _read(pid, "maps")
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    preload = None
+    try:
+        env = _read(pid, "environ", binary=True)
+        for item in env.split(b"\0"):
+            if item.startswith(b"LD_PRELOAD="):
+                preload = item[len(b"LD_PRELOAD="):].decode(errors="replace")
+    except ProcessError:
+        pass
+    files = _mapped_files(maps)
+    if not maps.strip():
+        return WhichResult(pid, None, [], "the process has no readable mappings (a kernel thread or a zombie)", exe=exe)
+    found: list[tuple[str, str]] = []
+    for path in files:
+        base = os.path.basename(path)
+        for pat, name in ALLOCATOR_LIBS:
+            if pat.match(base):
+                found.append((name, path))
+                break
+    traced = any(n == "mallard-tracer" for n, _ in found)
+    real = [(n, p) for n, p in found if n != "mallard-tracer"]
+    if real:
+        name, path = real[0]
+        how = f"{path} is mapped" + (" (loaded before libc, so it replaces malloc)" if preload and path in preload else "")
+        if len(real) > 1:
+            how += "; also mapped: " + ", ".join(p for _, p in real[1:]) + " (the first one loaded wins)"
+        return WhichResult(pid, name, [p for _, p in found], how, traced, exe, preload)
+    libc = [p for p in files if re.match(r"libc(-[\d.]+)?\.so", os.path.basename(p))]
+    if libc:
+        return WhichResult(pid, "glibc", [p for _, p in found], f"no other allocator library is mapped; malloc comes from {libc[0]}",
+                           traced, exe, preload)
+    # No libc mapped: a static binary (or one with another C library); the allocator is inside the executable.
+    hint = _static_hint(pid)
+    why = "cannot tell: no C library is mapped, so the program is statically linked and its allocator is built into " \
+          f"{exe or 'the executable'}"
+    if hint:
+        why += f"; the executable mentions {hint}"
+    return WhichResult(pid, None, [], why, traced, exe, preload)
+
+
+def _static_hint(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/exe", "rb") as f:
+            data = f.read(64 << 20)
+    except OSError:
+        return None
+    names = [n for n in (b"jemalloc", b"mimalloc", b"tcmalloc", b"snmalloc", b"rpmalloc", b"scudo", b"mallard", b"musl",
+                         b"runtime.mallocgc") if n in data]
+    if not names:
+        return None
+    return ", ".join("'" + n.decode() + "'" for n in names)
+
+
+# ---------------------------------------------------------------- vmem
+
+@dataclass
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    inode: int
+    path: str
+    fields: dict = field(default_factory=dict)  # smaps fields in KiB (Size, Rss, Pss, Swap, ...)
+    vmflags: str = ""
+    kind: str = ""
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def rss(self) -> int:
+        return self.fields.get("Rss", 0) * 1024
+
+    @property
+    def anonymous(self) -> bool:
+        return self.inode == 0 and (self.path == "" or self.path.startswith("[anon"))
+
+
+_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S{4})\s+([0-9a-f]+)\s+\S+\s+(\d+)\s*(.*)$")
+
+
+def parse_smaps(text: str) -> list[Mapping]:
+    maps: list[Mapping] = []
+    for line in text.splitlines():
+        m = _HEADER.match(line)
+        if m:
+            maps.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), m.group(3), int(m.group(4), 16),
+                                int(m.group(5)), m.group(6).strip()))
+            continue
+        if not maps:
+            continue
+        key, _, val = line.partition(":")
+        if key == "VmFlags":
+            maps[-1].vmflags = val.strip()
+        else:
+            parts = val.split()
+            if parts and parts[0].isdigit():
+                maps[-1].fields[key] = int(parts[0])
+    return maps
+
+
+def _thread_stack_pointers(pid: int) -> list[int]:
+    """Stack pointers of the threads that are blocked in a system call (from /proc/PID/task/TID/syscall)."""
+    sps = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return sps
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                parts = f.read().split()
+        except OSError:
+            continue
+        if len(parts) >= 3 and parts[0] not in ("running", "-1"):
+            try:
+                sps.append(int(parts[-2], 16))
+            except ValueError:
+                pass
+    return sps
+
+
+ALLOCATOR_ANON_NAMES = ("mallard", "jemalloc", "mimalloc", "tcmalloc", "malloc", "arena", "heap")
+
+KINDS = [
+    ("main-heap", "main heap ([heap], brk)"),
+    ("arena-heap", "glibc arena heaps (accessible part)"),
+    ("allocator", "allocator regions"),
+    ("reserved", "reserved, inaccessible (PROT_NONE)"),
+    ("thread-stack", "thread stacks"),
+    ("main-stack", "main thread stack"),
+    ("library", "executable and libraries"),
+    ("file", "other mapped files"),
+    ("anon", "other anonymous memory"),
+    ("kernel", "kernel ([vdso], [vvar], ...)"),
+]
+
+
+@dataclass
+class ArenaHeap:
+    start: int
+    accessible: int  # bytes readable/writable
+    reserved: int  # bytes PROT_NONE
+    rss: int
+
+
+@dataclass
+class VmemReport:
+    pid: int
+    status: dict
+    mappings: list[Mapping]
+    totals: dict  # kind -> {"count", "virt", "rss", "pss", "swap"}
+    arenas: list[ArenaHeap]
+    allocator: WhichResult | None
+    threads: int
+
+
+def classify(maps: list[Mapping], stack_pointers: list[int], exe: str = "", page: int = 4096) -> list[ArenaHeap]:
+    """Sets each mapping's kind; returns the glibc arena heaps found."""
+    arenas: list[ArenaHeap] = []
+    for m in maps:
+        p = m.path
+        if p == "[heap]":
+            m.kind = "main-heap"
+        elif p == "[stack]":
+            m.kind = "main-stack"
+        elif p.startswith("[stack:"):
+            m.kind = "thread-stack"
+        elif p in ("[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]") or (p.startswith("[") and not p.startswith("[anon")):
+            m.kind = "kernel"
+        elif p.startswith("[anon:"):
+            label = p[6:].lower()
+            m.kind = "allocator" if any(n in label for n in ALLOCATOR_ANON_NAMES) else "anon"
+            if "stack" in label:
+                m.kind = "thread-stack"
+        elif m.inode != 0 or p.startswith("/"):
+            base = os.path.basename(p.split(" (deleted)")[0])
+            m.kind = "library" if (".so" in base or p == exe) else "file"
+        elif m.perms.startswith("---"):
+            m.kind = "reserved"
+        else:
+            m.kind = "anon"
+    # glibc arena heaps: an anonymous mapping at a 64 MiB boundary, accessible part first, PROT_NONE rest, ending at +64 MiB.
+    for i, m in enumerate(maps):
+        if m.kind not in ("anon", "reserved") or m.start % ARENA_HEAP != 0:
+            continue
+        parts = [m]
+        j = i + 1
+        while j < len(maps) and maps[j].start == parts[-1].end and maps[j].kind in ("anon", "reserved") \
+                and maps[j].end <= m.start + ARENA_HEAP:
+            parts.append(maps[j])
+            j += 1
+        if parts[-1].end != m.start + ARENA_HEAP or not parts[0].perms.startswith("rw") or not parts[-1].perms.startswith("---"):
+            continue
+        acc = sum(x.size for x in parts if not x.perms.startswith("---"))
+        res = sum(x.size for x in parts if x.perms.startswith("---"))
+        if acc == 0:
+            continue
+        for x in parts:
+            x.kind = "arena-heap" if not x.perms.startswith("---") else "arena-reserved"
+        arenas.append(ArenaHeap(m.start, acc, res, sum(x.rss for x in parts)))
+    # Thread stacks: an anonymous rw mapping holding a thread's stack pointer, or one right above a small guard.
+    for i, m in enumerate(maps):
+        if m.kind != "anon" or not m.perms.startswith("rw"):
+            continue
+        holds_sp = any(m.start <= sp < m.end for sp in stack_pointers)
+        prev = maps[i - 1] if i > 0 else None
+        guarded = prev is not None and prev.end == m.start and prev.kind == "reserved" and prev.size <= 64 * page \
+            and m.size >= 64 * 1024 and "gd" not in m.vmflags
+        if holds_sp or guarded:
+            m.kind = "thread-stack"
+            if prev is not None and prev.end == m.start and prev.kind == "reserved" and prev.size <= 64 * page:
+                prev.kind = "stack-guard"
+    # Large anonymous rw regions on 2 MiB boundaries are almost always an allocator's (jemalloc extents, mimalloc
+    # segments, tcmalloc spans): small mmaps of programs are page-aligned only.
+    for m in maps:
+        if m.kind == "anon" and m.start % (2 << 20) == 0 and m.size >= (2 << 20) and "ht" not in m.vmflags.split():
+            m.kind = "allocator"
+    return arenas
+
+
+# Where each detailed kind is summed.
+KIND_GROUP = {"arena-reserved": "reserved", "stack-guard": "thread-stack"}
+
+
+def vmem(pid: int) -> VmemReport:
+    smaps = _read(pid, "smaps")
+    status_text = _read(pid, "status")
+    status = {}
+    for line in status_text.splitlines():
+        k, _, v = line.partition(":")
+        status[k.strip()] = v.strip()
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    maps = parse_smaps(smaps)
+    if not maps:
+        raise ProcessError(f"process {pid} has no readable mappings (a kernel thread or a zombie)")
+    arenas = classify(maps, _thread_stack_pointers(pid), exe, os.sysconf("SC_PAGE_SIZE"))
+    totals: dict = {k: {"count": 0, "virt": 0, "rss": 0, "pss": 0, "swap": 0} for k, _ in KINDS}
+    for m in maps:
+        t = totals[KIND_GROUP.get(m.kind, m.kind)]
+        t["count"] += 1
+        t["virt"] += m.size
+        t["rss"] += m.rss
+        t["pss"] += m.fields.get("Pss", 0) * 1024
+        t["swap"] += m.fields.get("Swap", 0) * 1024
+    try:
+        w = which(pid)
+    except ProcessError:
+        w = None
+    threads = int(status.get("Threads", "0") or 0)
+    return VmemReport(pid, status, maps, totals, arenas, w, threads)
+
+
+def explain_arenas(rep: VmemReport) -> list[str]:
+    """Plain-words explanation of glibc's per-thread arena reservations, with remedies; empty when there are none."""
+    if not rep.arenas:
+        return []
+    n = len(rep.arenas)
+    acc = sum(a.accessible for a in rep.arenas)
+    res = sum(a.reserved for a in rep.arenas)
+    rss = sum(a.rss for a in rep.arenas)
+    cores = os.cpu_count() or 1
+    return [
+        f"glibc per-thread arenas: {n} arena heap{'s' if n != 1 else ''} reserve {fmt_bytes(acc + res)} of address space "
+        f"({fmt_bytes(ARENA_HEAP)} each, aligned to 64 MiB), of which only {fmt_bytes(acc)} is accessible and "
+        f"{fmt_bytes(rss)} is resident.",
+        "Why: glibc gives a thread that calls malloc its own arena (up to 8 per core, here "
+        f"{8 * cores}) to avoid lock contention, and each arena's heap is a 64 MiB reservation that grows in place. "
+        "Touching a few bytes in a thread costs 64 MiB of VIRT but almost no RSS.",
+        "This is mostly harmless (reserved address space is not memory), but it inflates VIRT, trips address-space "
+        "limits (ulimit -v, some container monitors) and can fragment memory across arenas.",
+        "Remedies: limit the arenas with MALLOC_ARENA_MAX=2 (or GLIBC_TUNABLES=glibc.malloc.arena_max=2); or use an "
+        "allocator that reserves little per thread: `mallard run -a mallard -- CMD` (or jemalloc, mimalloc, tcmalloc).",
+    ]
+
+
+def fmt_bytes(n: float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,1 @@
+"""Built-in workloads that `mallard demo` and the tests run."""
