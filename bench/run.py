@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Benchmark runner: every workload under every allocator, interleaved repeats, medians, ratios, tables, plots, docs."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+sys.path.insert(0, str(BENCH_DIR))
+try:
+    from mallard_cli import allocators as alloc_mod
+    from mallard_cli import measure
+except ImportError:  # the venv lacks `pip install -e tools/mallard`: use the source tree directly
+    sys.path.insert(0, str(REPO / "tools" / "mallard" / "src"))
+    from mallard_cli import allocators as alloc_mod
+    from mallard_cli import measure
+
+import mbench_programs  # noqa: E402
+import mbench_report  # noqa: E402
+
+# The peers Mallard is compared against; "best peer" is the fastest (or leanest) of these in each cell.
+PEERS = ("glibc", "jemalloc", "mimalloc", "tcmalloc")
+MODES = ("smoke", "quick", "full")
+REPEATS = {"smoke": 1, "quick": 3, "full": 5}
+TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180}
+
+
+@dataclass
+class Cell:
+    """One workload at one thread count: the unit that every allocator runs, repeatedly and interleaved."""
+    workload: str
+    threads: int
+    kind: str                      # "c" (a mallard-bench-* program), "py", "sqlite" or "redis"
+    args: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    stresses: str = ""             # what the workload exercises: used to explain where an allocator is behind
+    timed: bool = True             # False: a memory-only study whose time is not a speed figure
+    figures: tuple = ()            # the workload's own RESULT fields worth tabulating
+
+    @property
+    def id(self) -> str:
+        return f"{self.workload}/t{self.threads}"
+
+
+def thread_counts(mode: str) -> list[int]:
+    """1, 2 and 4 threads here; on machines with more cores, powers of two up to the core count as well."""
+    if mode == "smoke":
+        return [2]
+    if mode == "quick":
+        return [2]
+    cores = os.cpu_count() or 1
+    counts = [1, 2, 4]
+    t = 8
+    while t <= cores:
+        counts.append(t)
+        t *= 2
+    return counts
+
+
+def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list[int] | None = None) -> list[Cell]:
+    """The cells of a mode with their parameters; sizes are picked so quick < 3 min and full < 25 min on 2 cores."""
+    tc = threads or thread_counts(mode)
+    many = [t for t in tc if t >= 2] or [2]
+    # (smoke, quick, full) scale: smoke is the CI check, tiny and untimed.
+    s = {"smoke": 0, "quick": 1, "full": 2}[mode]
+
+    def pick(smoke, quick, full):
+        return (smoke, quick, full)[s]
+
+    py = python_for_workloads()
+    cells: list[Cell] = []
+    for t in tc:
+        cells.append(Cell("larson", t, "c", ["-t", str(t), "-n", str(pick(500, 20000, 60000) // t), "-s", "1000", "-w",
+                                              str(pick(2, 5, 10))],
+                          stresses="remote frees of objects handed to new threads and thread-exit caching",
+                          figures=("ops_per_s",)))
+    for t in many:
+        cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 100000, 300000) // max(1, t // 2))],
+                          stresses="every free is a remote free (cross-thread free path)", figures=("ops_per_s",)))
+    for name in ("cache-scratch", "cache-thrash"):
+        for t in tc:
+            cells.append(Cell(name, t, "c", ["-t", str(t), "-n", str(pick(200, 20000, 40000) // t), "-s", "8",
+                                             "-w", "100"],
+                              stresses="false sharing between small objects handed to different threads",
+                              figures=("ops_per_s",)))
+    cells.append(Cell("churn", 1, "c", ["-n", str(pick(2, 20, 50)), "-s", str(pick(2000, 20000, 30000))],
+                      stresses="the single-thread fast path: small objects freed LIFO, FIFO, at random, lists",
+                      figures=("lifo_s", "fifo_s", "random_s", "list_s")))
+    for t in tc:
+        cells.append(Cell("mixed", t, "c", ["-t", str(t), "-n", str(pick(2000, 60000, 150000) // t), "-s", "2000"],
+                          stresses="size-class breadth and medium/large reuse (16 B-256 KiB, log-uniform)",
+                          figures=("ops_per_s",)))
+    for t in tc[:2]:
+        cells.append(Cell("realloc", t, "c", ["-t", str(t), "-n", str(pick(4, 40, 100) // t)],
+                          stresses="realloc growth in place or by mremap, and shrinking",
+                          figures=("ops_per_s",)))
+    for t in tc[:2]:
+        cells.append(Cell("large", t, "c", ["-t", str(t), "-n", str(pick(20, 150, 300) // t), "-w", "4"],
+                          stresses="large blocks (64 KiB-32 MiB): extent reuse, mmap/munmap and page faults",
+                          figures=("ops_per_s",)))
+    cells.append(Cell("aligned", 1, "c", ["-n", str(pick(2000, 100000, 300000))],
+                      stresses="posix_memalign/memalign with alignments 16-4096", figures=("ops_per_s",)))
+    for t in many:
+        cells.append(Cell("thread-churn", t, "c", ["-t", str(t), "-n", str(pick(50, 500, 2000)), "-s", "4"],
+                          stresses="thread creation and exit: per-thread heap set-up and abandonment",
+                          figures=("ops_per_s", "rss_after_threads_kib")))
+    cells.append(Cell("fragmentation", 1, "c", ["-s", str(pick(5000, 60000, 150000)), "-w", str(pick(0, 200, 1000))],
+                      stresses="fragmentation and returning memory: RSS across phases and after freeing all",
+                      figures=("rss_with_survivors_kib", "rss_all_freed_kib", "rss_after_wait_kib"), timed=False))
+    cells.append(Cell("vmem", 10, "c", ["-t", "10"], timed=False,
+                      stresses="per-thread address-space reservation of a thread that calls malloc(8) once",
+                      figures=("virt_alloc_per_thread_kib", "rss_alloc_per_thread_kib", "data_alloc_per_thread_kib")))
+    data_file = data_dir / f"pyreader-{pick(2, 12, 40)}mb.txt"
+    for pm in ("default", "malloc"):
+        cells.append(Cell("pyreader" + ("" if pm == "default" else "-malloc"), 10, "py",
+                          [py, str(BENCH_DIR / "workloads" / "pyreader.py"), "--file", str(data_file), "--size-mb",
+                           str(pick(2, 12, 40))],
+                          env={} if pm == "default" else {"PYTHONMALLOC": "malloc"},
+                          stresses="CPython threads reading lines (pymalloc arenas vs PYTHONMALLOC=malloc)",
+                          figures=("seconds",)))
+    cells.append(Cell("pydict-json", 1, "py",
+                      [py, str(BENCH_DIR / "workloads" / "pydict_json.py"), "--records", str(pick(500, 4000, 10000)),
+                       "--rounds", str(pick(1, 2, 3))], env={"PYTHONMALLOC": "malloc"},
+                      stresses="CPython dicts, strings and JSON with PYTHONMALLOC=malloc", figures=("seconds",)))
+    cells.append(Cell("sqlite", 1, "sqlite", [str(pick(2000, 40000, 120000))],
+                      stresses="SQLite's page cache and row buffers in memory (sqlite3 shell)", figures=()))
+    cells.append(Cell("redis", 1, "redis", [str(pick(2000, 20000, 50000)), str(pick(1000, 20000, 50000)), "256"],
+                      stresses="redis-server under redis-benchmark: many small objects, RSS after FLUSHALL",
+                      figures=("requests_per_s", "rss_loaded_kib", "rss_flushed_kib")))
+    if only:
+        cells = [c for c in cells if any(o == c.workload or o == c.id for o in only)]
+    return cells
+
+
+def python_for_workloads() -> str:
+    """The Debian system interpreter when present (a stable target for LD_PRELOAD), else this one."""
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def bin_dir() -> Path:
+    env = os.environ.get("MALLARD_BUILD_DIR")
+    return (Path(env) if env else REPO / "build") / "bin"
+
+
+def command_for(cell: Cell, bins: Path) -> list[str]:
+    if cell.kind == "c":
+        return [str(bins / f"mallard-bench-{cell.workload}"), *cell.args]
+    if cell.kind == "py":
+        return list(cell.args)
+    if cell.kind == "sqlite":
+        return ["sqlite3", ":memory:", f".parameter set @n {cell.args[0]}",
+                f".read {BENCH_DIR / 'workloads' / 'sqlite_mem.sql'}"]
+    raise ValueError(cell.kind)
+
+
+def parse_result(stdout: str) -> dict:
+    """The JSON of the last `RESULT {...}` line; raises ValueError when there is none or it does not parse."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise ValueError("no RESULT line in the output")
+
+
+def repro(cell: Cell, alloc, bins: Path) -> str:
+    """A shell line that reruns one cell under one allocator."""
+    env = {k: v for k, v in cell.env.items()}
+    if alloc.path:
+        env["LD_PRELOAD"] = alloc.path
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    if cell.kind == "redis":
+        cmd = f"bench/run.py full --workloads redis --allocators {alloc.name} --repeats 1"
+        return cmd
+    return (prefix + " " if prefix else "") + " ".join(shlex.quote(a) for a in command_for(cell, bins))
+
+
+def run_once(cell: Cell, alloc, bins: Path, timeout: float) -> dict:
+    """One run of one cell under one allocator: times, peak RSS and figures, or ok=False with the reason."""
+    env = alloc_mod.preload_env(alloc, dict(os.environ))
+    env.update(cell.env)
+    rec = {"ok": False, "wall_s": None, "cpu_s": None, "max_rss_kib": None, "metrics": {}, "error": None}
+    try:
+        if cell.kind == "redis":
+            n, keys, size = (int(x) for x in cell.args)
+            r = mbench_programs.run_redis(env, n, keys, size, timeout=timeout)
+            rec.update(ok=True, wall_s=r["wall_s"], cpu_s=r["cpu_s"], max_rss_kib=r["max_rss_kib"],
+                       metrics=r["metrics"])
+            return rec
+        r = measure.run_measured(command_for(cell, bins), env, timeout=timeout, cwd=str(REPO))
+        rec.update(wall_s=r.wall_s, cpu_s=r.user_s + r.sys_s, max_rss_kib=r.max_rss_kib)
+        if r.returncode != 0:
+            how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
+            rec["error"] = f"{how}: {(r.stderr.strip() or r.stdout.strip())[-400:]}"
+            return rec
+        res = parse_result(r.stdout)
+        if cell.kind == "sqlite" and res.get("ok") != 1:
+            rec["error"] = f"wrong SQLite result: {res}"
+            return rec
+        rec["metrics"] = {k: v for k, v in res.items() if isinstance(v, (int, float, list)) and not isinstance(v, bool)}
+        rec["ok"] = True
+    except subprocess.TimeoutExpired:
+        rec["error"] = f"timed out after {timeout:.0f} s"
+    except (ValueError, RuntimeError, OSError) as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+    return rec
+
+
+def machine_info(allocs) -> dict:
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+
+    def out(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+
+    mem_kib = 0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1048576, 1),
+        "kernel": os.uname().release, "os": out(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "allocators": {a.name: {"version": a.version, "path": a.path} for a in allocs},
+        "python": out([python_for_workloads(), "--version"]), "sqlite": out(["sqlite3", "--version"]).split(" ")[0],
+        "redis": out(["redis-server", "--version"]).split(" ")[2] if shutil.which("redis-server") else "absent",
+        "compiler": out(["cc", "--version"]).splitlines()[0] if shutil.which("cc") else "unknown",
+        "git": out(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+    }
+
+
+def fastpath_runs(allocs, bins: Path, repeats: int, iters: int, timeout: float, progress=None) -> dict:
+    """ns per malloc/free pair (16-8192 B) and per remote free, interleaved repeats; medians per allocator."""
+    runs: dict = {a.name: [] for a in allocs}
+    for _ in range(repeats):
+        for a in allocs:
+            cell = Cell("fastpath", 1, "c", ["-n", str(iters)])
+            runs[a.name].append(run_once(cell, a, bins, timeout))
+            if progress:
+                progress()
+    return runs
+
+
+def callgrind_counts(allocs, bins: Path, sizes=(16, 64, 256, 1024, 8192), n1=20000, n2=60000,
+                     timeout: float = 120) -> dict:
+    """Instructions per malloc/free pair from callgrind: (Ir(n2) - Ir(n1)) / (n2 - n1), which cancels start-up."""
+    if not shutil.which("valgrind"):
+        return {"error": "valgrind not installed (apt-get install valgrind)"}
+    out: dict = {}
+    for a in allocs:
+        out[a.name] = {}
+        for sz in sizes:
+            irs = []
+            for n in (n1, n2):
+                cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                       str(bins / "mallard-bench-fastpath"), "-m", "pairs", "-s", str(sz), "-n", str(n)]
+                try:
+                    r = subprocess.run(cmd, env=alloc_mod.preload_env(a, dict(os.environ)), capture_output=True,
+                                       text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    irs = None
+                    break
+                ir = None
+                for line in r.stderr.splitlines():
+                    if "Collected :" in line:
+                        ir = int(line.split("Collected :")[1].split()[0])
+                if r.returncode != 0 or ir is None:
+                    irs = None
+                    break
+                irs.append(ir)
+            out[a.name][str(sz)] = round((irs[1] - irs[0]) / (n2 - n1), 1) if irs else None
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example: .venv/bin/python bench/run.py quick --allocators glibc,mimalloc")
+    ap.add_argument("mode", choices=MODES, help="smoke: tiny CI check; quick: < 3 min; full: < 25 min, rewrites docs")
+    ap.add_argument("--allocators", help="comma-separated names or .so paths (default: every one discover() finds)")
+    ap.add_argument("--repeats", type=int, help="repeats per allocator and cell (default: quick 3, full 5)")
+    ap.add_argument("--out", help="results folder (default: results/<timestamp>)")
+    ap.add_argument("--workloads", help="comma-separated workload names or ids (e.g. larson,mixed/t2)")
+    ap.add_argument("--threads", help="comma-separated thread counts (default: 1,2,4 and more on bigger machines)")
+    ap.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
+                    help="callgrind instruction counts per pair (default: on in full mode)")
+    ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
+                    help="rewrite docs/PERFORMANCE.md (default: on in full mode with every workload)")
+    ap.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write matplotlib plots")
+    a = ap.parse_args(argv)
+
+    found = alloc_mod.discover()
+    if a.allocators:
+        try:
+            allocs = [alloc_mod.resolve(x.strip(), found) for x in a.allocators.split(",") if x.strip()]
+        except alloc_mod.UnknownAllocator as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
+    else:
+        # glibc, Mallard's variants and the four peers; other discovered libraries only when asked for.
+        allocs = [x for x in found if x.name in PEERS or x.name.startswith("mallard")]
+    bins = bin_dir()
+    missing = [p for p in ("larson", "fastpath") if not (bins / f"mallard-bench-{p}").exists()]
+    if missing:
+        print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "
+              f"(or set MALLARD_BUILD_DIR)", file=sys.stderr)
+        return 2
+    repeats = a.repeats or REPEATS[a.mode]
+    only = [w.strip() for w in a.workloads.split(",")] if a.workloads else None
+    threads = [int(t) for t in a.threads.split(",")] if a.threads else None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(a.out) if a.out else REPO / "results" / f"{stamp}-{a.mode}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(tempfile.gettempdir()) / "mallard-bench-data"
+    data_dir.mkdir(exist_ok=True)
+    cells = plan(a.mode, data_dir, only, threads)
+    if not cells:
+        print("bench: no workload matches --workloads", file=sys.stderr)
+        return 2
+    if any(c.kind == "redis" for c in cells) and mbench_programs.redis_available():
+        print(f"bench: skipping redis: {mbench_programs.redis_available()}", file=sys.stderr)
+        cells = [c for c in cells if c.kind != "redis"]
+    # Generate the reader's input once, outside any timing.
+    for c in cells:
+        if c.workload.startswith("pyreader"):
+            subprocess.run([*c.args, "--generate-only"], check=True, capture_output=True)
+            break
+    do_callgrind = a.callgrind if a.callgrind is not None else (a.mode == "full" and not only)
+    do_docs = a.docs if a.docs is not None else (a.mode == "full" and not only)
+    timeout = TIMEOUT_S[a.mode]
+    fp_iters = {"smoke": 20000, "quick": 2000000, "full": 5000000}[a.mode]
+
+    command = "cd " + str(REPO) + " && " + " ".join(shlex.quote(x) for x in [
+        os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable,
+        os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])])
+    raw = {"mode": a.mode, "repeats": repeats, "command": command, "started": stamp,
+           "machine": machine_info(allocs), "allocators": [a_.name for a_ in allocs],
+           "cells": [], "fastpath": {}, "callgrind": None}
+    total = len(cells) * len(allocs) * repeats + len(allocs) * repeats
+    t_start = time.monotonic()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=False, disable=not sys.stderr.isatty()) as prog:
+        task = prog.add_task("benchmarks", total=total)
+        for cell in cells:
+            runs = {x.name: [] for x in allocs}
+            # Interleaved: A B C A B C ..., rotating the starting allocator so no one always goes first.
+            for rep in range(repeats):
+                order = allocs[rep % len(allocs):] + allocs[:rep % len(allocs)]
+                for al in order:
+                    prog.update(task, description=f"{cell.id:<22} {al.name:<14}")
+                    runs[al.name].append(run_once(cell, al, bins, timeout))
+                    prog.advance(task)
+            entry = {**asdict(cell), "id": cell.id, "runs": runs,
+                     "repro": {x.name: repro(cell, x, bins) for x in allocs}}
+            raw["cells"].append(entry)
+            fails = [f"{n}: {r['error']}" for n, rs in runs.items() for r in rs if not r["ok"]]
+            for f in fails[:3]:
+                print(f"bench: {cell.id} failed under {f}", file=sys.stderr)
+        if not only or "fastpath" in only:
+            prog.update(task, description="fastpath")
+            raw["fastpath"] = fastpath_runs(allocs, bins, repeats, fp_iters, timeout, lambda: prog.advance(task))
+    if do_callgrind:
+        print("bench: callgrind instruction counts ...", file=sys.stderr)
+        raw["callgrind"] = callgrind_counts(allocs, bins)
+    raw["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    summary = mbench_report.summarize(raw, PEERS)
+    raw["summary"] = summary
+    (out_dir / "raw.json").write_text(json.dumps(raw, indent=1))
+    md = mbench_report.markdown(raw, summary)
+    (out_dir / "results.md").write_text(md)
+    plots = mbench_report.plots(raw, summary, out_dir) if a.plots else []
+    if do_docs:
+        (REPO / "docs").mkdir(exist_ok=True)
+        (REPO / "docs" / "PERFORMANCE.md").write_text(mbench_report.performance_doc(raw, summary, md, out_dir))
+    print(mbench_report.console_summary(raw, summary))
+    print(f"bench: {len(cells)} cells x {len(allocs)} allocators x {repeats} repeats in {raw['elapsed_s']} s; "
+          f"results in {out_dir} ({', '.join(p.name for p in plots) or 'no plots'})"
+          + ("; docs/PERFORMANCE.md rewritten" if do_docs else ""))
+    failed = summary["failures"]
+    if failed:
+        print(f"bench: {len(failed)} failed cell(s); see the Failures section of {out_dir / 'results.md'}",
+              file=sys.stderr)
+    return 1 if failed and a.mode == "smoke" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

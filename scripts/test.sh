@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command: set up, build (normal and sanitizer), then run ctest and pytest; exits non-zero on any failure.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+bash scripts/setup.sh || exit 1
+set -e
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMALLARD_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+set +e
+
+status=0
+echo "== ctest (release build)"
+ctest --test-dir build --output-on-failure -j "$jobs" || status=1
+echo "== ctest (ASan+UBSan build, prefixed API)"
+ctest --test-dir build-asan --output-on-failure -L prefix -j "$jobs" || status=1
+echo "== pytest"
+MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
+exit $status
