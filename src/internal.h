@@ -43,8 +43,9 @@ enum { PAGE_META = 0, PAGE_FREE = 1, PAGE_SMALL = 2, PAGE_LARGE = 3 };
 struct heap_s;
 struct arena_s;
 
-/* A page descriptor: one per slot; a span's first slot describes it, its other slots hold `offset` back to it. */
-typedef struct page_s {
+/* A page descriptor: one per slot; a span's first slot describes it, its other slots hold `offset` back to it.
+ * Cache-line aligned (128 bytes): page_of() is shifts only, and threads owning neighbouring pages never share a line. */
+typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   block_t *free;                         /* owner's allocation list */
   block_t *local_free;                   /* blocks freed by the owner */
   _Atomic(block_t *) thread_free;        /* blocks freed by other threads (lock-free push) */
@@ -82,6 +83,7 @@ typedef struct segment_s {
 } segment_t;
 
 _Static_assert(sizeof(segment_t) <= MLD_SLOT_SIZE, "segment header fits its slot");
+_Static_assert(sizeof(page_t) == 128, "page descriptors are two cache lines");
 #define MLD_HUGE_HEADER (((sizeof(segment_t) + MLD_OS_PAGE - 1) / MLD_OS_PAGE) * MLD_OS_PAGE)
 
 static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }

@@ -244,8 +244,10 @@ class VmemReport:
     threads: int
 
 
-def classify(maps: list[Mapping], stack_pointers: list[int], exe: str = "", page: int = 4096) -> list[ArenaHeap]:
-    """Sets each mapping's kind; returns the glibc arena heaps found."""
+def classify(maps: list[Mapping], stack_pointers: list[int], exe: str = "", page: int = 4096,
+             glibc: bool = True) -> list[ArenaHeap]:
+    """Sets each mapping's kind; returns the glibc arena heaps found (none unless glibc's malloc is in use:
+    other allocators, e.g. mimalloc, make the same shape of partly committed aligned reservations)."""
     arenas: list[ArenaHeap] = []
     for m in maps:
         p = m.path
@@ -286,7 +288,12 @@ def classify(maps: list[Mapping], stack_pointers: list[int], exe: str = "", page
         if acc == 0:
             continue
         for x in parts:
-            x.kind = "arena-heap" if not x.perms.startswith("---") else "arena-reserved"
+            if not glibc:
+                x.kind = "allocator" if not x.perms.startswith("---") else "reserved"
+            else:
+                x.kind = "arena-heap" if not x.perms.startswith("---") else "arena-reserved"
+        if not glibc:
+            continue
         arenas.append(ArenaHeap(m.start, acc, res, sum(x.rss for x in parts)))
     # Thread stacks: an anonymous rw mapping holding a thread's stack pointer, or one right above a small guard.
     for i, m in enumerate(maps):
@@ -326,7 +333,12 @@ def vmem(pid: int) -> VmemReport:
     maps = parse_smaps(smaps)
     if not maps:
         raise ProcessError(f"process {pid} has no readable mappings (a kernel thread or a zombie)")
-    arenas = classify(maps, _thread_stack_pointers(pid), exe, os.sysconf("SC_PAGE_SIZE"))
+    try:
+        w = which(pid)
+    except ProcessError:
+        w = None
+    uses_glibc = w is None or w.allocator in (None, "glibc", "glibc-malloc-debug")
+    arenas = classify(maps, _thread_stack_pointers(pid), exe, os.sysconf("SC_PAGE_SIZE"), uses_glibc)
     totals: dict = {k: {"count": 0, "virt": 0, "rss": 0, "pss": 0, "swap": 0} for k, _ in KINDS}
     for m in maps:
         t = totals[KIND_GROUP.get(m.kind, m.kind)]
@@ -335,10 +347,6 @@ def vmem(pid: int) -> VmemReport:
         t["rss"] += m.rss
         t["pss"] += m.fields.get("Pss", 0) * 1024
         t["swap"] += m.fields.get("Swap", 0) * 1024
-    try:
-        w = which(pid)
-    except ProcessError:
-        w = None
     threads = int(status.get("Threads", "0") or 0)
     return VmemReport(pid, status, maps, totals, arenas, w, threads)
 

@@ -1,0 +1,381 @@
+"""Benchmark reporting: medians and ranges, ratios to the best peer, geometric means, markdown, plots, PERFORMANCE.md."""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+# Figures shown in the per-workload table, with their units.
+FIGURE_UNITS = {
+    "ops_per_s": "ops/s", "requests_per_s": "req/s", "seconds": "s", "rss_loaded_kib": "KiB",
+    "rss_flushed_kib": "KiB", "rss_after_threads_kib": "KiB", "rss_with_survivors_kib": "KiB",
+    "rss_all_freed_kib": "KiB", "rss_after_wait_kib": "KiB", "virt_alloc_per_thread_kib": "KiB",
+    "rss_alloc_per_thread_kib": "KiB", "data_alloc_per_thread_kib": "KiB", "lifo_s": "s", "fifo_s": "s",
+    "random_s": "s", "list_s": "s",
+}
+
+
+def _stats(values: list) -> dict | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def _geomean(xs: list) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(raw: dict, peers: tuple) -> dict:
+    """Per cell and allocator: status, median/min/max of wall, CPU and peak RSS, median figures, ratios to best peer."""
+    allocs = raw["allocators"]
+    cells = {}
+    failures = []
+    for c in raw["cells"]:
+        per = {}
+        for name in allocs:
+            runs = c["runs"].get(name, [])
+            bad = [r for r in runs if not r["ok"]]
+            if not runs or bad:
+                err = bad[0]["error"] if bad else "not run"
+                per[name] = {"ok": False, "error": err, "failed_runs": len(bad), "runs": len(runs)}
+                failures.append({"cell": c["id"], "allocator": name, "error": err, "failed_runs": len(bad),
+                                 "runs": len(runs), "repro": c["repro"].get(name, "")})
+                continue
+            figs = {}
+            keys = set().union(*(r["metrics"].keys() for r in runs))
+            for k in keys:
+                vals = [r["metrics"].get(k) for r in runs]
+                if all(isinstance(v, (int, float)) for v in vals):
+                    figs[k] = statistics.median(vals)
+                elif all(isinstance(v, list) for v in vals) and len({len(v) for v in vals}) == 1:
+                    figs[k] = [statistics.median(col) for col in zip(*vals)]
+            per[name] = {"ok": True, "wall": _stats([r["wall_s"] for r in runs]),
+                         "cpu": _stats([r["cpu_s"] for r in runs]), "rss": _stats([r["max_rss_kib"] for r in runs]),
+                         "figures": figs}
+        for metric in ("wall", "cpu", "rss"):
+            best_name, best = None, None
+            for p in peers:
+                s = per.get(p)
+                if s and s["ok"] and (best is None or s[metric]["median"] < best):
+                    best_name, best = p, s[metric]["median"]
+            for name, s in per.items():
+                if s["ok"] and best:
+                    s[metric]["ratio"] = s[metric]["median"] / best
+                    s[metric]["best_peer"] = best_name
+        cells[c["id"]] = {"workload": c["workload"], "threads": c["threads"], "timed": c["timed"],
+                          "stresses": c["stresses"], "figures": c["figures"], "per": per}
+
+    geo = {}
+    for name in allocs:
+        g = {}
+        for metric in ("wall", "cpu", "rss"):
+            rs = [cl["per"][name][metric].get("ratio") for cl in cells.values()
+                  if cl["per"][name]["ok"] and (cl["timed"] or metric == "rss")]
+            rs = [r for r in rs if r]
+            g[metric] = _geomean(rs)
+            g[metric + "_n"] = len(rs)
+        geo[name] = g
+
+    # Mallard's variants against each peer, over the cells where both ran: the brief's targets are stated this way.
+    pairwise = {}
+    for m in [a for a in allocs if a.startswith("mallard")]:
+        pairwise[m] = {}
+        for p in [a for a in allocs if a in peers]:
+            row = {}
+            for metric in ("wall", "rss"):
+                rs = [cl["per"][m][metric]["median"] / cl["per"][p][metric]["median"] for cl in cells.values()
+                      if cl["per"][m]["ok"] and cl["per"][p]["ok"] and (cl["timed"] or metric == "rss")
+                      and cl["per"][p][metric]["median"] > 0]
+                row[metric] = _geomean(rs)
+                row[metric + "_n"] = len(rs)
+            pairwise[m][p] = row
+
+    behind = {}
+    for m in [a for a in allocs if a.startswith("mallard")]:
+        rows = []
+        for cid, cl in cells.items():
+            s = cl["per"][m]
+            if not s["ok"]:
+                continue
+            for metric in ("wall", "rss"):
+                if metric == "wall" and not cl["timed"]:
+                    continue
+                r = s[metric].get("ratio")
+                if r and r > 1.0:
+                    rows.append({"cell": cid, "metric": metric, "ratio": r, "best_peer": s[metric]["best_peer"],
+                                 "stresses": cl["stresses"]})
+        behind[m] = sorted(rows, key=lambda x: -x["ratio"])
+
+    fast = {}
+    for name, runs in (raw.get("fastpath") or {}).items():
+        ok = [r for r in runs if r["ok"]]
+        if not ok:
+            fast[name] = {"error": runs[0]["error"] if runs else "not run"}
+            continue
+        keys = sorted({k for r in ok for k in r["metrics"] if k.startswith("ns_")},
+                      key=lambda k: (k == "ns_remote_free", int(k.rsplit("_", 1)[1]) if k[-1].isdigit() else 0))
+        fast[name] = {k: _stats([r["metrics"].get(k) for r in ok]) for k in keys}
+    return {"cells": cells, "geomean": geo, "pairwise": pairwise, "behind": behind, "failures": failures,
+            "fastpath": fast}
+
+
+def _fmt(x: float, unit: str = "") -> str:
+    if x is None:
+        return "–"
+    if unit == "MiB":
+        return f"{x:.1f}"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def _table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _metric_table(raw: dict, summary: dict, metric: str, scale: float = 1.0, unit: str = "") -> str:
+    allocs = raw["allocators"]
+    rows = []
+    for cid, cl in summary["cells"].items():
+        if metric != "rss" and not cl["timed"]:
+            continue
+        row = [cid]
+        best = min((s[metric]["median"] for s in cl["per"].values() if s["ok"]), default=None)
+        for a in allocs:
+            s = cl["per"][a]
+            if not s["ok"]:
+                row.append("**FAIL**")
+                continue
+            st = s[metric]
+            txt = f"{_fmt(st['median'] * scale, unit)} ({_fmt(st['min'] * scale, unit)}–{_fmt(st['max'] * scale, unit)})"
+            if st.get("ratio"):
+                txt += f" ×{st['ratio']:.2f}"
+            if st["median"] == best:
+                txt = f"**{txt}**"
+            row.append(txt)
+        rows.append(row)
+    return _table(["cell"] + allocs, rows)
+
+
+def markdown(raw: dict, summary: dict) -> str:
+    allocs = raw["allocators"]
+    m = raw["machine"]
+    out = [f"# Benchmark results: {raw['mode']} mode, {raw['started']}", "",
+           f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, {m['os']}. "
+           f"Allocators: " + ", ".join(f"{n} {v['version']}" for n, v in m["allocators"].items()) +
+           f". {m['python']}, SQLite {m['sqlite']}, Redis {m['redis']}, git {m['git']}.", "",
+           f"Command: `{raw['command']}`", "",
+           f"{raw['repeats']} interleaved repeats per allocator and cell; each entry is the median (min–max) and "
+           "×ratio to the best of the peers (" + ", ".join(a for a in allocs if not a.startswith("mallard")) +
+           "); the best median of a row is bold. FAIL: at least one run crashed, timed out or failed its own "
+           "check (see Failures).", ""]
+    out += ["## Wall time (s)", "", _metric_table(raw, summary, "wall"), ""]
+    out += ["## CPU time, user + system (s)", "", _metric_table(raw, summary, "cpu"), ""]
+    out += ["## Peak RSS (MiB)", "", _metric_table(raw, summary, "rss", 1 / 1024, "MiB"), ""]
+
+    out += ["## Geometric means of the ratios to the best peer", "",
+            "Lower is better; 1.00 would mean best in every cell. Time over the timed cells, RSS over all cells.", ""]
+    rows = []
+    for a in allocs:
+        g = summary["geomean"][a]
+        rows.append([a] + [f"{g[k]:.3f} (n={g[k + '_n']})" if g[k] else "–" for k in ("wall", "cpu", "rss")])
+    out += [_table(["allocator", "wall time", "CPU time", "peak RSS"], rows), ""]
+    if summary["pairwise"]:
+        out += ["### Mallard against each peer (geometric mean of Mallard / peer)", ""]
+        rows = []
+        for mname, per in summary["pairwise"].items():
+            for p, r in per.items():
+                rows.append([mname, p, f"{r['wall']:.3f} (n={r['wall_n']})" if r["wall"] else "–",
+                             f"{r['rss']:.3f} (n={r['rss_n']})" if r["rss"] else "–"])
+        out += [_table(["variant", "peer", "time ratio", "peak RSS ratio"], rows), ""]
+
+    out += ["## Workload figures (medians)", ""]
+    rows = []
+    for cid, cl in summary["cells"].items():
+        for f in cl["figures"]:
+            row = [cid, f"{f} ({FIGURE_UNITS.get(f, '')})"]
+            for a in allocs:
+                s = cl["per"][a]
+                v = s["figures"].get(f) if s["ok"] else None
+                row.append(_fmt(v) if isinstance(v, (int, float)) else ("FAIL" if not s["ok"] else "–"))
+            rows.append(row)
+    out += [_table(["cell", "figure"] + allocs, rows), ""]
+
+    frag = summary["cells"].get("fragmentation/t1")
+    if frag:
+        out += ["## Fragmentation over time (RSS in MiB after each phase's 90% free)", "",
+                "Phases: small 16–64 B, medium 64–1024 B, mixed 16 B–16 KiB, large 16–256 KiB, small again; "
+                "10% of every phase survives to the end. `freed`: after freeing everything; `waited`: after the "
+                "pause given with -w.", ""]
+        rows = []
+        for a in allocs:
+            s = frag["per"][a]
+            if not s["ok"]:
+                rows.append([a, "FAIL"])
+                continue
+            f = s["figures"]
+            ph = f.get("rss_after_phase_kib", [])
+            rows.append([a, _fmt(f.get("rss_start_kib", 0) / 1024, "MiB")] + [_fmt(x / 1024, "MiB") for x in ph] +
+                        [_fmt(f.get("rss_all_freed_kib", 0) / 1024, "MiB"),
+                         _fmt(f.get("rss_after_wait_kib", 0) / 1024, "MiB")])
+        out += [_table(["allocator", "start", "small", "medium", "mixed", "large", "small again", "freed",
+                        "waited"], rows), ""]
+
+    if summary["fastpath"]:
+        out += ["## Fast path: ns per malloc/free pair (tight loop) and per remote free", "",
+                "Median (min–max) over the repeats; remote free: one thread frees blocks of 64 B that another "
+                "allocated, timed in the freeing thread.", ""]
+        keys = []
+        for v in summary["fastpath"].values():
+            keys += [k for k in v if k.startswith("ns_") and k not in keys]
+        rows = []
+        for a in allocs:
+            v = summary["fastpath"].get(a, {})
+            if "error" in v:
+                rows.append([a] + ["FAIL"] * len(keys))
+                continue
+            rows.append([a] + [f"{_fmt(v[k]['median'])} ({_fmt(v[k]['min'])}–{_fmt(v[k]['max'])})"
+                               if v.get(k) else "–" for k in keys])
+        out += [_table(["allocator"] + [k.replace("ns_pair_", "").replace("ns_", "") + (" B" if k[-1].isdigit()
+                                                                                      else "") for k in keys], rows), ""]
+    cg = raw.get("callgrind")
+    if cg and "error" not in cg:
+        sizes = sorted({s for v in cg.values() for s in v}, key=int)
+        out += ["## Instructions per malloc/free pair (callgrind)", "",
+                "`valgrind --tool=callgrind` on mallard-bench-fastpath with the allocator preloaded; "
+                "(Ir of 60,000 pairs − Ir of 20,000 pairs) / 40,000. Repeatable where wall time is noisy.", ""]
+        out += [_table(["allocator"] + [f"{s} B" for s in sizes],
+                       [[a] + [_fmt(cg[a].get(s)) if cg[a].get(s) is not None else "FAIL" for s in sizes]
+                        for a in cg]), ""]
+    elif cg:
+        out += [f"Callgrind: {cg['error']}", ""]
+
+    for mname, rows in summary["behind"].items():
+        out += [f"## Where {mname} is behind the best peer", ""]
+        if not rows:
+            out += [f"{mname} is at or ahead of the best peer in every cell it completed.", ""]
+        else:
+            out += [f"Generated from the table above: every cell where {mname}'s median exceeds the best peer's, "
+                    "worst first; ✗ marks cells beyond the brief's limit of 1.25× the best peer for time.", ""]
+            out += [_table(["cell", "metric", "ratio", "best peer", "what the workload stresses"],
+                           [[r["cell"], "time" if r["metric"] == "wall" else "peak RSS",
+                             f"{r['ratio']:.2f}" + (" ✗" if r["metric"] == "wall" and r["ratio"] > 1.25 else ""),
+                             r["best_peer"], r["stresses"]] for r in rows]), ""]
+    if summary["failures"]:
+        out += ["## Failures", "", "Each failed cell with its first error and a command that reproduces it.", ""]
+        out += [_table(["cell", "allocator", "failed runs", "error", "reproduce"],
+                       [[f["cell"], f["allocator"], f"{f['failed_runs']}/{f['runs']}",
+                         f["error"].replace("|", "\\|").replace("\n", " ")[:200], f"`{f['repro']}`"]
+                        for f in summary["failures"]]), ""]
+    return "\n".join(out)
+
+
+def plots(raw: dict, summary: dict, out_dir: Path) -> list:
+    """Bar charts of time and RSS ratios, fragmentation RSS over phases and fast-path ns; returns the files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    allocs = raw["allocators"]
+    files = []
+    for metric, title, fname in (("wall", "Wall time / best peer (lower is better)", "time_ratio.png"),
+                                 ("rss", "Peak RSS / best peer (lower is better)", "rss_ratio.png")):
+        ids = [cid for cid, cl in summary["cells"].items() if cl["timed"] or metric == "rss"]
+        if not ids:
+            continue
+        fig, ax = plt.subplots(figsize=(max(8, len(ids) * 0.6), 4.5))
+        w = 0.8 / max(1, len(allocs))
+        for i, a in enumerate(allocs):
+            vals = [summary["cells"][c]["per"][a][metric].get("ratio", 0) if summary["cells"][c]["per"][a]["ok"]
+                    else 0 for c in ids]
+            ax.bar([x + i * w for x in range(len(ids))], vals, w, label=a)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([x + w * (len(allocs) - 1) / 2 for x in range(len(ids))])
+        ax.set_xticklabels(ids, rotation=60, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"{title}; {raw['mode']} mode, median of {raw['repeats']}")
+        ax.legend(fontsize=8, ncol=len(allocs))
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        plt.close(fig)
+        files.append(out_dir / fname)
+    frag = summary["cells"].get("fragmentation/t1")
+    if frag:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = ["start", "small", "medium", "mixed", "large", "small again", "freed", "waited"]
+        for a in allocs:
+            s = frag["per"][a]
+            if not s["ok"]:
+                continue
+            f = s["figures"]
+            ys = [f.get("rss_start_kib", 0)] + list(f.get("rss_after_phase_kib", [])) + \
+                 [f.get("rss_all_freed_kib", 0), f.get("rss_after_wait_kib", 0)]
+            ax.plot(range(len(ys)), [y / 1024 for y in ys], marker="o", label=a)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=30)
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_title("Memory over time: RSS after each phase")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "fragmentation.png", dpi=110)
+        plt.close(fig)
+        files.append(out_dir / "fragmentation.png")
+    fp = {a: v for a, v in summary["fastpath"].items() if "error" not in v}
+    if fp:
+        keys = []
+        for v in fp.values():
+            keys += [k for k in v if k not in keys]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        w = 0.8 / max(1, len(fp))
+        for i, (a, v) in enumerate(fp.items()):
+            ax.bar([x + i * w for x in range(len(keys))], [v[k]["median"] if v.get(k) else 0 for k in keys], w,
+                   label=a)
+        ax.set_xticks([x + w * (len(fp) - 1) / 2 for x in range(len(keys))])
+        ax.set_xticklabels([k.replace("ns_pair_", "pair ").replace("ns_", "") for k in keys])
+        ax.set_ylabel("ns")
+        ax.set_title("Fast path: ns per malloc/free pair and per remote free")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "fastpath.png", dpi=110)
+        plt.close(fig)
+        files.append(out_dir / "fastpath.png")
+    return files
+
+
+def performance_doc(raw: dict, summary: dict, md: str, out_dir: Path) -> str:
+    """docs/PERFORMANCE.md: how the figures were made, then the full-mode tables, all generated."""
+    body = md.split("\n", 1)[1]
+    return "\n".join([
+        "# Performance", "",
+        "Everything on this page is generated by the benchmark suite (`bench/`, see bench/README.md) from one "
+        "run; nothing is edited by hand. Regenerate it with the command below after a full build.", "",
+        "Notes on method: allocators are run interleaved (A B C A B C …) on the same machine in the same run; "
+        "wall time, CPU time (user + system) and peak RSS (`wait4` ru_maxrss; for Redis the server's VmHWM) are "
+        "per process. Every C workload writes a byte pattern into each object and checks it before each free; a "
+        "mismatch fails the run. Redis links jemalloc on Debian, so its glibc row preloads glibc's libc.so.6 to "
+        "put glibc's malloc first. The Python reader runs with and without `PYTHONMALLOC=malloc`; the other "
+        "Python workload uses `PYTHONMALLOC=malloc` so the allocator under test sees every object.",
+        "", f"Raw data and plots of this run: `{out_dir.relative_to(out_dir.parents[1]) if len(out_dir.parents) > 1 else out_dir}` "
+        "(results/ is not committed).", "", body])
+
+
+def console_summary(raw: dict, summary: dict) -> str:
+    lines = ["geometric mean of ratios to the best peer (time / CPU / peak RSS):"]
+    for a in raw["allocators"]:
+        g = summary["geomean"][a]
+        lines.append(f"  {a:<16}" + "  ".join(f"{g[k]:.3f}" if g[k] else "  –  " for k in ("wall", "cpu", "rss")))
+    for m, rows in summary["behind"].items():
+        worst = [r for r in rows if r["metric"] == "wall"][:3]
+        if worst:
+            lines.append(f"  {m} furthest behind: " + ", ".join(f"{r['cell']} ×{r['ratio']:.2f} vs {r['best_peer']}"
+                                                                for r in worst))
+    return "\n".join(lines)
