@@ -81,16 +81,16 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
     py = python_for_workloads()
     cells: list[Cell] = []
     for t in tc:
-        cells.append(Cell("larson", t, "c", ["-t", str(t), "-n", str(pick(500, 20000, 60000) // t), "-s", "1000", "-w",
+        cells.append(Cell("larson", t, "c", ["-t", str(t), "-n", str(pick(500, 200000, 600000) // t), "-s", "1000", "-w",
                                               str(pick(2, 5, 10))],
                           stresses="remote frees of objects handed to new threads and thread-exit caching",
                           figures=("ops_per_s",)))
     for t in many:
-        cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 100000, 300000) // max(1, t // 2))],
+        cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 200000, 600000) // max(1, t // 2))],
                           stresses="every free is a remote free (cross-thread free path)", figures=("ops_per_s",)))
     for name in ("cache-scratch", "cache-thrash"):
         for t in tc:
-            cells.append(Cell(name, t, "c", ["-t", str(t), "-n", str(pick(200, 20000, 40000) // t), "-s", "8",
+            cells.append(Cell(name, t, "c", ["-t", str(t), "-n", str(pick(200, 200000, 800000) // t), "-s", "8",
                                              "-w", "100"],
                               stresses="false sharing between small objects handed to different threads",
                               figures=("ops_per_s",)))
@@ -102,17 +102,17 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                           stresses="size-class breadth and medium/large reuse (16 B-256 KiB, log-uniform)",
                           figures=("ops_per_s",)))
     for t in tc[:2]:
-        cells.append(Cell("realloc", t, "c", ["-t", str(t), "-n", str(pick(4, 40, 100) // t)],
+        cells.append(Cell("realloc", t, "c", ["-t", str(t), "-n", str(max(1, pick(4, 200, 500) // t))],
                           stresses="realloc growth in place or by mremap, and shrinking",
                           figures=("ops_per_s",)))
     for t in tc[:2]:
         cells.append(Cell("large", t, "c", ["-t", str(t), "-n", str(pick(20, 150, 300) // t), "-w", "4"],
                           stresses="large blocks (64 KiB-32 MiB): extent reuse, mmap/munmap and page faults",
                           figures=("ops_per_s",)))
-    cells.append(Cell("aligned", 1, "c", ["-n", str(pick(2000, 100000, 300000))],
+    cells.append(Cell("aligned", 1, "c", ["-n", str(pick(2000, 300000, 1000000))],
                       stresses="posix_memalign/memalign with alignments 16-4096", figures=("ops_per_s",)))
     for t in many:
-        cells.append(Cell("thread-churn", t, "c", ["-t", str(t), "-n", str(pick(50, 500, 2000)), "-s", "4"],
+        cells.append(Cell("thread-churn", t, "c", ["-t", str(t), "-n", str(pick(50, 2000, 5000)), "-s", "4"],
                           stresses="thread creation and exit: per-thread heap set-up and abandonment",
                           figures=("ops_per_s", "rss_after_threads_kib")))
     cells.append(Cell("fragmentation", 1, "c", ["-s", str(pick(5000, 60000, 150000)), "-w", str(pick(0, 200, 1000))],
@@ -196,8 +196,18 @@ def run_once(cell: Cell, alloc, bins: Path, timeout: float) -> dict:
             rec.update(ok=True, wall_s=r["wall_s"], cpu_s=r["cpu_s"], max_rss_kib=r["max_rss_kib"],
                        metrics=r["metrics"])
             return rec
-        r = measure.run_measured(command_for(cell, bins), env, timeout=timeout, cwd=str(REPO))
-        rec.update(wall_s=r.wall_s, cpu_s=r.user_s + r.sys_s, max_rss_kib=r.max_rss_kib)
+        # The launcher sets LD_PRELOAD for the command alone and reports the command's own peak RSS (see
+        # measure_exec.c); run_measured's figures include the launcher and, for RSS, this Python process's floor.
+        preload = env.pop("LD_PRELOAD", "")
+        with tempfile.NamedTemporaryFile(prefix="mallard-bench-", suffix=".json") as tf:
+            cmd = [str(bins / "mallard-bench-exec"), tf.name, preload, "--", *command_for(cell, bins)]
+            r = measure.run_measured(cmd, env, timeout=timeout, cwd=str(REPO))
+            rec.update(wall_s=r.wall_s, cpu_s=r.user_s + r.sys_s, max_rss_kib=r.max_rss_kib)
+            try:
+                own = json.loads(Path(tf.name).read_text())
+                rec.update(wall_s=own["wall_s"], cpu_s=own["user_s"] + own["sys_s"], max_rss_kib=own["max_rss_kib"])
+            except (OSError, ValueError, KeyError):
+                pass  # the launcher died before writing: keep run_measured's figures
         if r.returncode != 0:
             how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
             rec["error"] = f"{how}: {(r.stderr.strip() or r.stdout.strip())[-400:]}"
@@ -319,7 +329,7 @@ def main(argv=None) -> int:
         # glibc, Mallard's variants and the four peers; other discovered libraries only when asked for.
         allocs = [x for x in found if x.name in PEERS or x.name.startswith("mallard")]
     bins = bin_dir()
-    missing = [p for p in ("larson", "fastpath") if not (bins / f"mallard-bench-{p}").exists()]
+    missing = [p for p in ("larson", "fastpath", "exec") if not (bins / f"mallard-bench-{p}").exists()]
     if missing:
         print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "
               f"(or set MALLARD_BUILD_DIR)", file=sys.stderr)

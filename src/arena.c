@@ -105,6 +105,7 @@ static void span_remove(arena_t *a, page_t *pg) {
 static segment_t *segment_new(arena_t *a) {
   segment_t *seg = mld_os_map_aligned(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE);
   if (!seg) return NULL;
+  if (mld_opt.thp) mld_os_thp(seg, MLD_SEGMENT_SIZE, false);
   seg->kind = SEG_NORMAL;
   seg->arena = a;
   seg->pages[0].kind = PAGE_META;

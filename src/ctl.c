@@ -49,6 +49,7 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "stats_print")) READ(bool, mld_opt.stats_print);
   if (!strcmp(n, "stats_print_opts")) READ(const char *, mld_opt.stats_print_opts);
   if (!strcmp(n, "huge_cache_max")) READ(size_t, mld_opt.huge_cache_max);
+  if (!strcmp(n, "page_cache")) READ(unsigned, mld_opt.page_cache);
   unsigned c;
   if (!strncmp(n, "slab_sizes.", 11) && (n += 11, take_index(&n, &c)) && !*n && c < MLD_NUM_CLASSES)
     READ(size_t, (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT);

@@ -89,6 +89,29 @@ static void page_release(heap_t *h, page_t *pg) {
   mld_arena_free_span(segment_of(pg)->arena, pg);
 }
 
+/* An empty page leaves the class lists: keep a few one-slot pages for reuse, give the rest back. */
+static void page_release_or_cache(heap_t *h, page_t *pg) {
+  if (pg->slot_count == 1 && h->ncache < mld_opt.page_cache && segment_of(pg)->arena == h->arena) {
+    h->stats.cls[pg->size_class].npages_released++;
+    atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);   /* no block of it is live */
+    pg->next = h->cache;
+    h->cache = pg;
+    h->ncache++;
+    return;
+  }
+  page_release(h, pg);
+}
+
+static void cache_flush(heap_t *h) {
+  while (h->cache) {
+    page_t *pg = h->cache;
+    h->cache = pg->next;
+    pg->next = NULL;
+    mld_arena_free_span(segment_of(pg)->arena, pg);
+  }
+  h->ncache = 0;
+}
+
 /* A thread is exiting: empty pages go back to their arena, the others are abandoned for adoption. */
 void mld_heap_abandon(heap_t *h) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
@@ -108,6 +131,7 @@ void mld_heap_abandon(heap_t *h) {
     }
     h->current[c] = &mld_page_empty;
   }
+  cache_flush(h);
   pthread_mutex_lock(&mld_heaps_mutex);
   stats_add(&mld_dead_stats, &h->stats);
   h->arena->nthreads--;
@@ -142,6 +166,7 @@ void mld_heap_collect(heap_t *h, bool force) {
     }
     set_current(h, c);
   }
+  cache_flush(h);
 }
 
 /* ---- the slow path ---- */
@@ -153,6 +178,12 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
   if (pg) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
+  } else if (h->cache && mld_opt.page_slots[c] == 1) {
+    pg = h->cache;
+    h->cache = pg->next;
+    h->ncache--;
+    mld_page_init(pg, c, h);
+    h->stats.cls[c].npages++;
   } else {
     bool zero;
     pg = mld_arena_alloc_span(a, mld_opt.page_slots[c], &zero);
@@ -223,7 +254,7 @@ void mld_page_retire(heap_t *h, page_t *pg) {
   if (h->avail[c].head == pg && !pg->next) return;
   list_remove(&h->avail[c], pg);
   set_current(h, c);
-  page_release(h, pg);
+  page_release_or_cache(h, pg);
 }
 
 /* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */

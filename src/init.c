@@ -59,6 +59,11 @@ void mld_init_slow(void) {
     /* These may allocate: the allocator is ready by now. */
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     if (mld_opt.stats_print) atexit(mld_stats_print_at_exit);
+    if (mld_opt.verbose)
+      mld_message("mallard %s: narenas:%u dirty_decay_ms:%ld background_thread:%s retain:%s thp:%d page_cache:%u "
+                  "huge_cache_max:%zu\n", "0.1.0", (unsigned)n, mld_opt.dirty_decay_ms,
+                  mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
+                  mld_opt.page_cache, mld_opt.huge_cache_max);
   }
   pthread_mutex_unlock(&init_lock);
 }

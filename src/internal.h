@@ -126,6 +126,8 @@ typedef struct heap_s {
   pthread_t thread;
   bool live;
   bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
+  page_t *cache;                         /* empty one-slot pages kept for reuse (at most opt.page_cache) */
+  unsigned ncache;
   heap_stats_t stats;
 } heap_t;
 
@@ -155,13 +157,14 @@ typedef struct options_s {
   long dirty_decay_ms;                   /* delay before free memory is purged; -1: never, 0: at once */
   bool background_thread;                /* a purging thread while dirty memory waits */
   bool retain;                           /* keep empty segments mapped (purged) instead of unmapping */
-  int thp;                               /* 0 never, 1 madvise (huge blocks), 2 always */
+  int thp;                               /* 0 kernel default, 1 madvise (huge blocks), 2 always, -1 never */
   bool verbose;
   bool abort_conf;
   bool stats_print;
   char stats_print_opts[16];
   unsigned page_slots[MLD_NUM_CLASSES];  /* slots per page for each size class (slab_sizes) */
   size_t huge_cache_max;                 /* bytes of freed huge mappings kept for reuse before decay */
+  unsigned page_cache;                   /* empty 64 KiB pages each thread keeps before giving them back */
 } options_t;
 
 extern options_t mld_opt MLD_HIDDEN;
@@ -180,7 +183,7 @@ static inline unsigned mld_size_class(size_t size) {
 MLD_HIDDEN void *mld_os_map_aligned(size_t size, size_t align);
 MLD_HIDDEN void mld_os_unmap(void *p, size_t size);
 MLD_HIDDEN void mld_os_purge(void *p, size_t size);
-MLD_HIDDEN void mld_os_hugepage(void *p, size_t size);
+MLD_HIDDEN void mld_os_thp(void *p, size_t size, bool huge_block);
 MLD_HIDDEN void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align);
 MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_owner_set(const void *seg, bool on);

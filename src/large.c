@@ -93,7 +93,7 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     seg->kind = SEG_HUGE;
     seg->map_size = need;
     fresh = true;
-    if (mld_opt.thp >= 1) mld_os_hugepage(seg, need);
+    if (mld_opt.thp) mld_os_thp(seg, need, true);
   }
   seg->user = (uint8_t *)seg + off;
   seg->user_size = seg->map_size - off;

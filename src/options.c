@@ -31,6 +31,7 @@ static const opt_desc_t descs[] = {
   { "stats_print", T_BOOL, 0, 1, "true or false" },
   { "stats_print_opts", T_STR, 0, 15, "letters: J (JSON), a (no per-arena), b (no per-class)" },
   { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS, "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16)" },
+  { "page_cache", T_UINT, 0, 64, "an integer 0..64 (empty 64 KiB pages kept per thread)" },
   { "huge_cache_max", T_SIZE, 0, 1L << 40, "a size in bytes, with optional K, M or G (0: no cache)" },
 };
 #define NDESCS (sizeof descs / sizeof descs[0])
@@ -46,6 +47,7 @@ static void set_defaults(void) {
   mld_opt.stats_print = false;
   mld_opt.stats_print_opts[0] = 0;
   mld_opt.huge_cache_max = 64u << 20;
+  mld_opt.page_cache = 4;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     size_t bs = mld_class_size[c];
     /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, at most 1 MiB. */
@@ -56,9 +58,11 @@ static void set_defaults(void) {
 
 static bool bad_conf;
 
-static void conf_error(const char *src, const char *key, size_t klen, const char *val, size_t vlen, const char *why) {
-  mld_message("mallard: %s: %s '%.*s'%s%.*s%s; %s\n", src, why, (int)klen, key,
-              vlen ? " (value '" : "", (int)vlen, val, vlen ? "')" : "", "the default stays in force");
+/* One line per problem: where, which key, which value, what is accepted. */
+static void conf_error(const char *src, const char *key, size_t klen, const char *val, size_t vlen, const char *why,
+                       const char *accepts) {
+  mld_message("mallard: %s: %s '%.*s' (value '%.*s'); accepted: %s; %s\n", src, why, (int)klen, key, (int)vlen, val,
+              accepts, mld_opt.abort_conf ? "aborting (abort_conf:true)" : "the default stays in force");
   bad_conf = true;
 }
 
@@ -127,9 +131,9 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
   for (size_t i = 0; i < NDESCS; i++)
     if (strlen(descs[i].name) == kl && !memcmp(descs[i].name, k, kl)) { d = &descs[i]; break; }
   if (!d) {
-    conf_error(src, k, kl, v, vl, "unknown option");
-    mld_message("mallard: accepted options: narenas, dirty_decay_ms, background_thread, retain, thp, verbose, "
-                "abort_conf, stats_print, stats_print_opts, slab_sizes, huge_cache_max\n");
+    conf_error(src, k, kl, v, vl, "unknown option",
+               "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, abort_conf, stats_print, "
+               "stats_print_opts, slab_sizes, page_cache, huge_cache_max");
     return;
   }
   long x;
@@ -139,7 +143,8 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
   case T_UINT:
   case T_LONG:
     ok = parse_long(v, vl, &x) && x >= d->lo && x <= d->hi;
-    if (ok && d->type == T_UINT) mld_opt.narenas = (unsigned)x;
+    if (ok && d->type == T_UINT && d->name[0] == 'n') mld_opt.narenas = (unsigned)x;
+    if (ok && d->type == T_UINT && d->name[0] == 'p') mld_opt.page_cache = (unsigned)x;
     if (ok && d->type == T_LONG) mld_opt.dirty_decay_ms = x;
     break;
   case T_SIZE:
@@ -172,8 +177,7 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
     break;
   }
   if (!ok) {
-    conf_error(src, k, kl, v, vl, "bad value for option");
-    mld_message("mallard: %s: option '%s' accepts %s\n", src, d->name, d->accepts);
+    conf_error(src, k, kl, v, vl, "bad value for option", d->accepts);
   }
 }
 
@@ -189,7 +193,7 @@ static void parse_conf(const char *src, const char *s, size_t len) {
     while (item_end > item && (item_end[-1] == ' ' || item_end[-1] == '\t' || item_end[-1] == '\r')) item_end--;
     if (*item == '#') continue;   /* a comment line in the file */
     const char *colon = memchr(item, ':', (size_t)(item_end - item));
-    if (!colon) { conf_error(src, item, (size_t)(item_end - item), "", 0, "missing ':value' in"); continue; }
+    if (!colon) { conf_error(src, item, (size_t)(item_end - item), "", 0, "missing ':value' in", "key:value items separated by commas"); continue; }
     apply(src, item, (size_t)(colon - item), colon + 1, (size_t)(item_end - colon - 1));
   }
 }

@@ -64,12 +64,10 @@ void mld_os_purge(void *p, size_t size) {
   madvise(p, size, MADV_DONTNEED);
 }
 
-void mld_os_hugepage(void *p, size_t size) {
-#ifdef MADV_HUGEPAGE
-  madvise(p, size, MADV_HUGEPAGE);
-#else
-  (void)p; (void)size;
-#endif
+/* Apply the thp option to a new mapping: huge pages asked for (`always`, or `madvise` for huge blocks) or refused (`never`). */
+void mld_os_thp(void *p, size_t size, bool huge_block) {
+  if (mld_opt.thp == 2 || (mld_opt.thp == 1 && huge_block)) madvise(p, size, MADV_HUGEPAGE);
+  else if (mld_opt.thp < 0) madvise(p, size, MADV_NOHUGEPAGE);
 }
 
 /* Grow or shrink a mapping keeping `align`: in place if the kernel can, else moved (without copying) to a new aligned range. */

@@ -347,7 +347,7 @@ def profile_overhead(args, a: al.Allocator | None, conf: str | None) -> int:
 
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err, transient=True)
+                    console=err, transient=True, disable=not err.is_terminal)
 
 
 def cmd_bench(args) -> int:

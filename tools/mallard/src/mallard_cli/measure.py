@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -20,6 +21,21 @@ class RunResult:
     stderr: str
 
 
+def helper_path() -> str | None:
+    """The launcher mallard-measure (built with the tracer): with it, peak RSS is the command's own.
+
+    Without it the command is the CLI's direct child, and Linux keeps in its ru_maxrss the high-water mark of the
+    Python process it was forked from (tens of MiB), so small peaks would be hidden.
+    """
+    from .allocators import build_dir, mallard_lib_dirs
+
+    cands = [build_dir() / "bin" / "mallard-measure"] + [d.parent / "bin" / "mallard-measure" for d in mallard_lib_dirs()]
+    for c in cands:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return shutil.which("mallard-measure")
+
+
 def _drain(stream, sink: list) -> None:
     sink.append(stream.read())
     stream.close()
@@ -33,9 +49,27 @@ def run_measured(cmd: list[str], env: dict, timeout: float | None = None, cwd: s
     The child gets its own process group so that a timeout kills the whole tree.
     """
     pipe = subprocess.PIPE if capture else None
+    helper = helper_path()
+    report_r = report_w = -1
+    argv = list(cmd)
+    run_env = env
+    if helper:
+        report_r, report_w = os.pipe()
+        argv = [helper, str(report_w)] + list(cmd)
+        run_env = dict(env)
+        # The helper runs without the allocator; it hands LD_PRELOAD to the command.
+        run_env["MALLARD_MEASURE_LD_PRELOAD"] = run_env.pop("LD_PRELOAD", "")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    try:
+        proc = subprocess.Popen(argv, env=run_env, cwd=cwd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=(report_w,) if helper else ())
+    except BaseException:
+        if helper:
+            os.close(report_r)
+            os.close(report_w)
+        raise
+    if helper:
+        os.close(report_w)
     outs: list = []
     errs: list = []
     readers = []
@@ -85,6 +119,15 @@ def run_measured(cmd: list[str], env: dict, timeout: float | None = None, cwd: s
                 r.join(timeout=2)
     out = outs[0].decode(errors="replace") if outs else ""
     err = errs[0].decode(errors="replace") if errs else ""
+    user, system, maxrss = ru.ru_utime, ru.ru_stime, int(ru.ru_maxrss)
+    if helper:
+        with os.fdopen(report_r) as f:
+            report = f.read().split()
+        if report[:1] == ["exec-failed"]:
+            e = int(report[1])
+            raise OSError(e, os.strerror(e), cmd[0])
+        if len(report) == 4:
+            user, system, maxrss = float(report[0]), float(report[1]), int(report[2])
     if timed_out.is_set():
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
-    return RunResult(wall, ru.ru_utime, ru.ru_stime, int(ru.ru_maxrss), rc, out, err)
+    return RunResult(wall, user, system, maxrss, rc, out, err)
