@@ -86,7 +86,7 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                           stresses="remote frees of objects handed to new threads and thread-exit caching",
                           figures=("ops_per_s",)))
     for t in many:
-        cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 200000, 600000) // max(1, t // 2))],
+        cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 1000000, 3000000) // max(1, t // 2))],
                           stresses="every free is a remote free (cross-thread free path)", figures=("ops_per_s",)))
     for name in ("cache-scratch", "cache-thrash"):
         for t in tc:
@@ -110,7 +110,7 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                           stresses="large blocks (64 KiB-32 MiB): extent reuse, mmap/munmap and page faults",
                           figures=("ops_per_s",)))
     cells.append(Cell("aligned", 1, "c", ["-n", str(pick(2000, 300000, 1000000))],
-                      stresses="posix_memalign/memalign with alignments 16-4096", figures=("ops_per_s",)))
+                      stresses="posix_memalign/memalign with alignments 16-4096", figures=("ops_per_s", "misaligned")))
     for t in many:
         cells.append(Cell("thread-churn", t, "c", ["-t", str(t), "-n", str(pick(50, 2000, 5000)), "-s", "4"],
                           stresses="thread creation and exit: per-thread heap set-up and abandonment",

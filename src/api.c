@@ -55,7 +55,7 @@ static inline void dealloc(void *p) {
 #ifdef MALLARD_STATS
     h->stats.cls[pg->size_class].nfree++;
 #endif
-    if (unlikely(--pg->used == 0)) mld_page_retire(h, pg);
+    if (unlikely(--pg->used == 0 || pg->in_full)) mld_page_retire(h, pg);   /* empty, or back from the full list */
     return;
   }
   mld_free_slow(seg, pg, p);

@@ -243,13 +243,15 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
   return b;
 }
 
-/* The owner freed the last block of a page: keep it if it is the class's only page, else give it back. */
+/* The owner freed a block of a parked (full) page, or the last block of a page. A parked page returns to the
+ * class list; an empty page goes back to the arena (or the page cache) unless it is the class's only page. */
 void mld_page_retire(heap_t *h, page_t *pg) {
   unsigned c = pg->size_class;
   if (pg->in_full) {
     list_remove(&h->full[c], pg);
     pg->in_full = 0;
     list_push_tail(&h->avail[c], pg);
+    if (pg->used) { set_current(h, c); return; }
   }
   if (h->avail[c].head == pg && !pg->next) return;
   list_remove(&h->avail[c], pg);

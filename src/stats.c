@@ -81,9 +81,9 @@ static void outf(out_t *o, const char *fmt, ...) {
 static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
   outf(o, "{\"mallard\":{\"version\":\"%s\",\n", MALLARD_VERSION);
   outf(o, "\"options\":{\"narenas\":%u,\"dirty_decay_ms\":%ld,\"background_thread\":%s,\"retain\":%s,\"thp\":%d,"
-          "\"huge_cache_max\":%zu},\n", atomic_load(&mld_narenas), mld_opt.dirty_decay_ms,
+          "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", atomic_load(&mld_narenas), mld_opt.dirty_decay_ms,
        mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
-       mld_opt.huge_cache_max);
+       mld_opt.huge_cache_max, mld_opt.page_cache);
   outf(o, "\"stats\":{\"allocated\":%llu,\"active\":%llu,\"resident\":%llu,\"mapped\":%llu,\"retained\":%llu,"
           "\"dirty\":%llu,\"metadata\":%llu,\"huge_cached\":%llu,\"invalid_frees\":%llu,\"remote_frees\":%llu,"
           "\"large\":{\"nmalloc\":%llu,\"nfree\":%llu},\"huge\":{\"nmalloc\":%llu,\"nfree\":%llu},"

@@ -43,6 +43,7 @@ INSTALL_HINTS = {
 }
 
 MALLARD_VARIANTS = {"mallard": "libmallard.so", "mallard-secure": "libmallard-secure.so"}
+NOT_ALLOCATORS = {"libmallard-tracer.so"}  # the profiler's interposer forwards to an allocator; it is not one
 ALIASES = {"system": "glibc", "default": "glibc", "libc": "glibc", "ptmalloc": "glibc", "ptmalloc2": "glibc"}
 
 
@@ -176,15 +177,30 @@ def glibc_version() -> str:
     return "unknown"
 
 
+def mallard_variants() -> list[tuple[str, str]]:
+    """(name, path) of Mallard's shared libraries: libmallard.so is 'mallard', libmallard-X.so is 'mallard-X'."""
+    found: dict[str, str] = {}
+    for d in mallard_lib_dirs():
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for fname in names:
+            m = re.match(r"^libmallard(-[A-Za-z0-9_]+)?\.so$", fname)
+            if not m or fname in NOT_ALLOCATORS:
+                continue
+            name = "mallard" + (m.group(1) or "")
+            # Only the build dir and Mallard's own prefix are searched, so the first hit of a name wins.
+            found.setdefault(name, str(d / fname))
+    order = list(MALLARD_VARIANTS)
+    return sorted(found.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+
+
 def discover() -> list[Allocator]:
     """Every allocator available on this machine: glibc first, then Mallard's variants (when built), then peers."""
     allocs = [Allocator("glibc", None, glibc_version())]
-    for name, fname in MALLARD_VARIANTS.items():
-        for d in mallard_lib_dirs():
-            p = d / fname
-            if p.is_file():
-                allocs.append(Allocator(name, str(p), library_version(str(p), name)))
-                break
+    for name, path in mallard_variants():
+        allocs.append(Allocator(name, path, library_version(path, name)))
     used: set[str] = set()
     for name, stems in PEERS.items():
         for stem in stems:

@@ -117,7 +117,7 @@ def summarise(records: list[dict]) -> dict:
         "total_calls": total,
         "allocation_calls": alloc_calls,
         "top_sizes": top_sizes,
-        "distinct_sizes": len(sizes),
+        "distinct_sizes": max([len(sizes)] + [r.get("distinct_sizes", 0) for r in records]),
         "size_ranges": [{"low": lo, "high": hi, "calls": n} for lo, hi, n in size_ranges(hist)],
         "per_process": procs,
         "busiest_pid": busiest.get("pid") if busiest else None,
