@@ -108,6 +108,14 @@ def summarize(raw: dict, peers: tuple) -> dict:
                                  "stresses": cl["stresses"]})
         behind[m] = sorted(rows, key=lambda x: -x["ratio"])
 
+    # Wrong answers that a workload counts rather than dies of (e.g. misaligned blocks): listed, not hidden.
+    defects = []
+    for cid, cl in cells.items():
+        for name, st in cl["per"].items():
+            if st["ok"] and st["figures"].get("misaligned"):
+                defects.append({"cell": cid, "allocator": name,
+                                "what": f"{st['figures']['misaligned']:.0f} misaligned blocks (median per run)"})
+
     fast = {}
     for name, runs in (raw.get("fastpath") or {}).items():
         ok = [r for r in runs if r["ok"]]
@@ -118,7 +126,7 @@ def summarize(raw: dict, peers: tuple) -> dict:
                       key=lambda k: (k == "ns_remote_free", int(k.rsplit("_", 1)[1]) if k[-1].isdigit() else 0))
         fast[name] = {k: _stats([r["metrics"].get(k) for r in ok]) for k in keys}
     return {"cells": cells, "geomean": geo, "pairwise": pairwise, "behind": behind, "failures": failures,
-            "fastpath": fast}
+            "defects": defects, "fastpath": fast}
 
 
 def _fmt(x: float, unit: str = "") -> str:
@@ -269,6 +277,11 @@ def markdown(raw: dict, summary: dict) -> str:
                            [[r["cell"], "time" if r["metric"] == "wall" else "peak RSS",
                              f"{r['ratio']:.2f}" + (" ✗" if r["metric"] == "wall" and r["ratio"] > 1.25 else ""),
                              r["best_peer"], r["stresses"]] for r in rows]), ""]
+    if summary["defects"]:
+        out += ["## Defects observed", "", "Runs that completed but returned wrong blocks; their times are listed "
+                "above all the same.", ""]
+        out += [_table(["cell", "allocator", "defect"], [[d["cell"], d["allocator"], d["what"]]
+                                                         for d in summary["defects"]]), ""]
     if summary["failures"]:
         out += ["## Failures", "", "Each failed cell with its first error and a command that reproduces it.", ""]
         out += [_table(["cell", "allocator", "failed runs", "error", "reproduce"],

@@ -31,6 +31,8 @@ import mbench_report  # noqa: E402
 
 # The peers Mallard is compared against; "best peer" is the fastest (or leanest) of these in each cell.
 PEERS = ("glibc", "jemalloc", "mimalloc", "tcmalloc")
+# Mallard's variants compared by default (others, e.g. a no-statistics build, only with --allocators).
+MALLARD = ("mallard", "mallard-secure")
 MODES = ("smoke", "quick", "full")
 REPEATS = {"smoke": 1, "quick": 3, "full": 5}
 TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180}
@@ -315,6 +317,8 @@ def main(argv=None) -> int:
                     help="callgrind instruction counts per pair (default: on in full mode)")
     ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
                     help="rewrite docs/PERFORMANCE.md (default: on in full mode with every workload)")
+    ap.add_argument("--bin-dir", help="folder of the mallard-bench-* programs (default: $MALLARD_BUILD_DIR/bin, "
+                                      "else build/bin)")
     ap.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write matplotlib plots")
     a = ap.parse_args(argv)
 
@@ -326,9 +330,9 @@ def main(argv=None) -> int:
             print(f"bench: {e}", file=sys.stderr)
             return 2
     else:
-        # glibc, Mallard's variants and the four peers; other discovered libraries only when asked for.
-        allocs = [x for x in found if x.name in PEERS or x.name.startswith("mallard")]
-    bins = bin_dir()
+        # glibc, the three other peers and Mallard's variants; other discovered libraries only when asked for.
+        allocs = [x for x in found if x.name in PEERS + MALLARD]
+    bins = Path(a.bin_dir).resolve() if a.bin_dir else bin_dir()
     missing = [p for p in ("larson", "fastpath", "exec") if not (bins / f"mallard-bench-{p}").exists()]
     if missing:
         print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "

@@ -28,9 +28,14 @@ static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
   return mld_large_alloc(h, size, align, zero);
 }
 
-static inline void *alloc(size_t size) {
-  if (likely(size <= MLD_MEDIUM_MAX)) return alloc_class(mld_size_class(size));
+static MLD_NOINLINE void *alloc_not_small(size_t size) {
+  if (size <= MLD_MEDIUM_MAX) return alloc_class(mld_size_class_slow(size));
   return alloc_big(size, MLD_MIN_ALIGN, false);
+}
+
+static inline void *alloc(size_t size) {
+  if (likely(size <= MLD_SMALL_MAX)) return alloc_class(mld_small_class[(size + 15) >> 4]);
+  return alloc_not_small(size);
 }
 
 static MLD_NOINLINE void free_foreign(void *p, const char *what) {
@@ -50,12 +55,15 @@ static inline void dealloc(void *p) {
   if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
     /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
     block_t *b = p;
-    b->next = pg->local_free;
-    pg->local_free = b;
+    unsigned c = pg->size_class;
+    b->next = pg->free;                 /* LIFO: the block just freed is the next one handed out (cache-warm) */
+    pg->free = b;
 #ifdef MALLARD_STATS
-    h->stats.cls[pg->size_class].nfree++;
+    h->stats.cls[c].nfree++;
 #endif
-    if (unlikely(--pg->used == 0 || pg->in_full)) mld_page_retire(h, pg);   /* empty, or back from the full list */
+    if (unlikely(--pg->used == 0 || pg->in_full)) {
+      if (pg != h->current[c] || pg->in_full) mld_page_retire(h, pg);   /* empty and not current, or parked full */
+    }
     return;
   }
   mld_free_slow(seg, pg, p);

@@ -46,11 +46,10 @@ struct arena_s;
 /* A page descriptor: one per slot; a span's first slot describes it, its other slots hold `offset` back to it.
  * Cache-line aligned (128 bytes): page_of() is shifts only, and threads owning neighbouring pages never share a line. */
 typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
-  block_t *free;                         /* owner's allocation list */
-  block_t *local_free;                   /* blocks freed by the owner */
+  block_t *free;                         /* owner's list: allocation pops, owner frees push (LIFO) */
   _Atomic(block_t *) thread_free;        /* blocks freed by other threads (lock-free push) */
   _Atomic(struct heap_s *) heap;         /* owning heap of a small page; NULL when abandoned or not small */
-  uint32_t used;                         /* blocks handed out and not yet back on free/local_free */
+  uint32_t used;                         /* blocks handed out and not yet back on `free` */
   uint32_t capacity;                     /* blocks carved into lists so far */
   uint32_t reserved;                     /* blocks that fit in the page */
   uint32_t block_size;
@@ -189,10 +188,11 @@ MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_owner_set(const void *seg, bool on);
 MLD_HIDDEN uint64_t mld_now_ms(void);
 MLD_HIDDEN size_t mld_ncpus(void);
-extern _Atomic(uint64_t) *mld_owner_map MLD_HIDDEN;
+#define MLD_OWNER_WORDS (((size_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT)) / 64)
+/* In .bss: 4 MiB of address space, zero until touched; only the words covering our segments ever become resident. */
+extern _Atomic(uint64_t) mld_owner_map[MLD_OWNER_WORDS] MLD_HIDDEN;
 static inline bool mld_owned(const void *seg) {
   _Atomic(uint64_t) *map = mld_owner_map;
-  if (unlikely(!map)) return false;                 /* nothing allocated yet */
   uintptr_t g = (uintptr_t)seg >> MLD_SEGMENT_SHIFT;
   if (unlikely(g >= ((uintptr_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT)))) return false;
   return (atomic_load_explicit(&map[g >> 6], memory_order_relaxed) >> (g & 63)) & 1;

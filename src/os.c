@@ -11,11 +11,9 @@
 #define MAP_FIXED_NOREPLACE 0x100000
 #endif
 
-_Atomic(uint64_t) *mld_owner_map;          /* one bit per 4 MiB granule: a segment header starts there */
+_Atomic(uint64_t) mld_owner_map[MLD_OWNER_WORDS];   /* one bit per 4 MiB granule: a segment header starts there */
 _Atomic(uint64_t) mld_mapped_bytes;
 static _Atomic(uintptr_t) next_hint;       /* where the next aligned mapping is likely to fit (mappings grow down) */
-
-#define OWNER_MAP_BYTES (((size_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT)) / 8)
 
 static void *map_raw(void *hint, size_t size, int extra_flags) {
   void *p = mmap(hint, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra_flags, -1, 0);
@@ -94,13 +92,7 @@ void mld_owner_set(const void *seg, bool on) {
   else atomic_fetch_and_explicit(&mld_owner_map[g >> 6], ~bit, memory_order_release);
 }
 
-bool mld_os_init(void) {
-  /* Reserved, never written except for the words covering our segments: costs address space only. */
-  void *m = mmap(NULL, OWNER_MAP_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return false;
-  mld_owner_map = m;
-  return true;
-}
+bool mld_os_init(void) { return true; }
 
 uint64_t mld_now_ms(void) {
   struct timespec ts;

@@ -1,4 +1,4 @@
-/* page.c — a small page (slab) of one size class and its three free lists: free, local_free and the atomic thread_free. */
+/* page.c — a small page (slab) of one size class and its two free lists: the owner's `free` and the atomic `thread_free`. */
 #include "internal.h"
 
 /* The page every empty heap bin points at: its free list is always empty, so malloc falls into the slow path. */
@@ -9,7 +9,6 @@ page_t mld_page_empty = { .kind = PAGE_META };
 void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
   pg->free = NULL;
-  pg->local_free = NULL;
   atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
   pg->used = 0;
   pg->capacity = 0;
@@ -51,19 +50,8 @@ size_t mld_page_collect_remote(page_t *pg) {
   return n;
 }
 
-/* Move local and remote frees into the allocation list; true if it is non-empty afterwards. */
+/* Move remote frees into the allocation list; true if it is non-empty afterwards. */
 bool mld_page_collect(page_t *pg) {
-  if (pg->local_free) {
-    if (!pg->free) {
-      pg->free = pg->local_free;
-    } else {
-      block_t *t = pg->local_free;
-      while (t->next) t = t->next;
-      t->next = pg->free;
-      pg->free = pg->local_free;
-    }
-    pg->local_free = NULL;
-  }
   mld_page_collect_remote(pg);
   return pg->free != NULL;
 }
