@@ -40,7 +40,7 @@ static void fork_child(void) {
   mld_purge_fork_child();
 }
 
-MLD_HIDDEN void mld_stats_print_at_exit(void);
+#include "stats.h"
 
 void mld_init_slow(void) {
   if (atomic_load(&mld_initialized) == 1 && pthread_equal(init_thread, pthread_self())) return;   /* re-entered from init */
@@ -58,7 +58,10 @@ void mld_init_slow(void) {
     atomic_store_explicit(&mld_initialized, 2, memory_order_release);
     /* These may allocate: the allocator is ready by now. */
     pthread_atfork(fork_prepare, fork_parent, fork_child);
-    if (mld_opt.stats_print) atexit(mld_stats_print_at_exit);
+    if (mld_opt.stats_print) {
+      mld_stats_print_setup();
+      atexit(mld_stats_print_at_exit);
+    }
     if (mld_opt.verbose)
       mld_message("mallard %s: narenas:%u dirty_decay_ms:%ld background_thread:%s retain:%s thp:%d page_cache:%u "
                   "huge_cache_max:%zu\n", "0.1.0", (unsigned)n, mld_opt.dirty_decay_ms,

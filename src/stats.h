@@ -19,6 +19,7 @@ MLD_HIDDEN void mld_stats_sum(heap_stats_t *out);
 MLD_HIDDEN void mld_global_stats(global_stats_t *g);
 MLD_HIDDEN bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s);
 MLD_HIDDEN void mld_stats_print_at_exit(void);
+MLD_HIDDEN void mld_stats_print_setup(void);
 MLD_HIDDEN bool mld_purge_thread_running(void);
 MLD_HIDDEN uint64_t mld_purge_thread_wakeups(void);
 #endif

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 
 import pytest
 
@@ -56,11 +58,23 @@ def test_pid_that_is_not_a_number(mallard, sub):
 
 
 def test_pid_that_cannot_be_read(mallard):
-    if os.geteuid() == 0:
-        # As root every /proc file is readable; an unreadable one is a kernel thread's smaps with no mappings.
-        r = mallard("vmem", "2")
+    # A zombie has no mappings left to read.
+    z = subprocess.Popen(["true"])
+    try:
+        for _ in range(200):
+            with open(f"/proc/{z.pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        r = mallard("vmem", str(z.pid))
         assert r.returncode == 4 and "no readable mappings" in r.stderr
-    else:
+    finally:
+        z.wait()
+    # A process of another user (or one we may not trace) cannot be read: a clear message too.
+    try:
+        with open("/proc/1/smaps") as f:
+            f.read(1)
+    except PermissionError:
         r = mallard("vmem", "1")
         assert r.returncode == 4 and "permission denied" in r.stderr
 

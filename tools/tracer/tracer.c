@@ -27,6 +27,8 @@ static const char *const fn_names[F_COUNT] = {"malloc", "calloc", "realloc", "fr
 #define HIST_BUCKETS 65       /* bucket 0: size 0; bucket b: sizes in [2^(b-1), 2^b) */
 #define SIZE_SLOTS 2048       /* per-thread open-addressing table of (function, exact size) -> calls; power of two */
 #define FLUSH_BYTES (32 << 10) /* a thread publishes its live-bytes delta once it exceeds this ... */
+#define MERGE_SLOTS (1u << 16) /* process-wide (function, size) tables: exited threads' and the exit writer's */
+#define TOP_SIZES 200          /* sizes written to the record */
 #define FLUSH_OBJECTS 64      /* ... or this many objects, so peaks are exact to within these per thread */
 
 struct size_slot {
@@ -38,7 +40,6 @@ struct size_slot {
 struct thread_rec {
     struct thread_rec *next; /* in the process's list of records */
     pid_t tid;
-    int retired; /* the thread has exited; its counts stay here */
     uint64_t calls[F_COUNT];
     uint64_t hist[HIST_BUCKETS];
     uint64_t size_overflow; /* calls whose size did not fit in the table */
@@ -75,7 +76,18 @@ static char boot_buf[64 << 10] __attribute__((aligned(64)));
 static atomic_size_t boot_used;
 
 static pthread_mutex_t recs_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the list, never taken on the hot path */
-static struct thread_rec *recs;
+static struct thread_rec *recs;      /* records of the live threads */
+static struct thread_rec *free_recs; /* records of exited threads, reused by new threads (thread churn stays bounded) */
+
+/* Exited threads: their counts are folded into these aggregates, their per-thread totals kept compactly. */
+struct retired_thread {
+    pid_t tid;
+    uint64_t calls[F_COUNT];
+};
+static uint64_t retired_calls[F_COUNT], retired_hist[HIST_BUCKETS], retired_overflow;
+static struct size_slot *retired_sizes; /* MERGE_SLOTS entries, mapped on first use */
+static struct retired_thread *retired;
+static size_t n_retired, cap_retired;
 static pthread_key_t exit_key;
 static int have_key;
 
@@ -163,29 +175,103 @@ static void *map_pages(size_t size)
 
 static void publish(struct thread_rec *r);
 
+static inline uint64_t slot_hash(uint64_t key)
+{
+    return key * 0x9E3779B97F4A7C15ULL;
+}
+
+/* Adds count to key in a MERGE_SLOTS table; returns 0 when the table is full. */
+static int merge_slot(struct size_slot *table, uint64_t key, uint64_t count)
+{
+    uint64_t h = slot_hash(key) >> 48;
+    for (unsigned j = 0; j < MERGE_SLOTS; j++) {
+        struct size_slot *s = &table[(h + j) & (MERGE_SLOTS - 1)];
+        if (s->key == key || s->key == 0) {
+            s->key = key;
+            s->count += count;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Folds an exited thread's record into the process aggregates. Called with recs_lock held. */
+static void fold_retired(struct thread_rec *r)
+{
+    for (int f = 0; f < F_COUNT; f++)
+        retired_calls[f] += r->calls[f];
+    for (int h = 0; h < HIST_BUCKETS; h++)
+        retired_hist[h] += r->hist[h];
+    retired_overflow += r->size_overflow;
+    if (!retired_sizes)
+        retired_sizes = map_pages(MERGE_SLOTS * sizeof(struct size_slot));
+    for (unsigned i = 0; i < SIZE_SLOTS; i++)
+        if (r->sizes[i].key && (!retired_sizes || !merge_slot(retired_sizes, r->sizes[i].key, r->sizes[i].count)))
+            retired_overflow += r->sizes[i].count;
+    /* A thread that allocates again in a later TLS destructor comes back here: one entry per tid. */
+    if (n_retired > 0 && retired[n_retired - 1].tid == r->tid) {
+        for (int f = 0; f < F_COUNT; f++)
+            retired[n_retired - 1].calls[f] += r->calls[f];
+        return;
+    }
+    if (n_retired == cap_retired) {
+        size_t cap = cap_retired ? 2 * cap_retired : 256;
+        struct retired_thread *grown = map_pages(cap * sizeof *grown);
+        if (!grown)
+            return;
+        if (retired) {
+            memcpy(grown, retired, n_retired * sizeof *grown);
+            munmap(retired, cap_retired * sizeof *grown);
+        }
+        retired = grown;
+        cap_retired = cap;
+    }
+    retired[n_retired].tid = r->tid;
+    memcpy(retired[n_retired].calls, r->calls, sizeof r->calls);
+    n_retired++;
+}
+
 static void thread_exit_cb(void *arg)
 {
     struct thread_rec *r = arg;
-    /* The thread is gone: its counts stay in the list (marked retired) and its TLS no longer points at it. */
-    r->retired = 1;
-    publish(r);
+    /* The thread is gone: its counts move to the aggregates and its record is recycled. */
     if (tls_rec == r)
         tls_rec = NULL;
+    int was_busy = tls_busy;
+    tls_busy = 1;
+    pthread_mutex_lock(&recs_lock);
+    publish(r);
+    fold_retired(r);
+    for (struct thread_rec **pp = &recs; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    r->next = free_recs;
+    free_recs = r;
+    pthread_mutex_unlock(&recs_lock);
+    tls_busy = was_busy;
 }
 
 static struct thread_rec *new_rec(void)
 {
     tls_busy = 1;
-    struct thread_rec *r = map_pages(sizeof *r);
+    pthread_mutex_lock(&recs_lock);
+    struct thread_rec *r = free_recs;
+    if (r) {
+        free_recs = r->next;
+        memset(r, 0, sizeof *r);
+    } else {
+        r = map_pages(sizeof *r);
+    }
     if (r) {
         r->tid = (pid_t)syscall(SYS_gettid);
-        pthread_mutex_lock(&recs_lock);
         r->next = recs;
         recs = r;
-        pthread_mutex_unlock(&recs_lock);
-        if (have_key)
-            pthread_setspecific(exit_key, r);
     }
+    pthread_mutex_unlock(&recs_lock);
+    if (r && have_key)
+        pthread_setspecific(exit_key, r);
     tls_rec = r;
     tls_busy = 0;
     return r;
@@ -238,7 +324,7 @@ static inline struct thread_rec *count(enum fn_id fn, int has_size, size_t size)
     if (has_size) {
         r->hist[bucket_of(size)]++;
         uint64_t key = ((uint64_t)fn << 56) | (size & ((1ULL << 55) - 1)) | (1ULL << 55);
-        uint64_t h = (key * 0x9E3779B97F4A7C15ULL) >> 53; /* 11 bits: SIZE_SLOTS */
+        uint64_t h = slot_hash(key) >> 53; /* 11 bits: SIZE_SLOTS */
         for (unsigned i = 0; i < 16; i++) {
             struct size_slot *s = &r->sizes[(h + i) & (SIZE_SLOTS - 1)];
             if (s->key == key) {
@@ -483,8 +569,36 @@ static int cmp_slot_desc(const void *a, const void *b)
     return x->count < y->count ? 1 : x->count > y->count ? -1 : 0;
 }
 
-#define MERGE_SLOTS (1u << 16)
-#define TOP_SIZES 200
+
+#define MAX_THREADS_LISTED 4096 /* threads written one by one; all of them are in the totals */
+
+static uint64_t total_of(const uint64_t *calls)
+{
+    uint64_t t = 0;
+    for (int f = 0; f < F_COUNT; f++)
+        t += calls[f];
+    return t;
+}
+
+static int cmp_retired_desc(const void *a, const void *b)
+{
+    uint64_t x = total_of(((const struct retired_thread *)a)->calls);
+    uint64_t y = total_of(((const struct retired_thread *)b)->calls);
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void out_thread(struct out_buf *b, pid_t tid, int exited, const uint64_t *calls, int first)
+{
+    out(b, "%s{\"tid\": %d, \"exited\": %s, \"calls\": %llu, \"by_function\": {", first ? "" : ", ", (int)tid,
+        exited ? "true" : "false", (unsigned long long)total_of(calls));
+    int ff = 1;
+    for (int f = 0; f < F_COUNT; f++)
+        if (calls[f]) {
+            out(b, "%s\"%s\": %llu", ff ? "" : ", ", fn_names[f], (unsigned long long)calls[f]);
+            ff = 0;
+        }
+    out(b, "}}");
+}
 
 /* Writes <trace_dir>/trace.<pid>.<time>.json; ended_by says how the process (image) ended. Returns the file's path in path_out. */
 static void write_record(const char *ended_by, char *path_out, size_t path_cap)
@@ -517,8 +631,12 @@ static void write_record(const char *ended_by, char *path_out, size_t path_cap)
         errno = saved_errno;
         return;
     }
-    uint64_t calls[F_COUNT] = {0}, hist[HIST_BUCKETS] = {0}, overflow = 0;
-    unsigned nthreads = 0;
+    uint64_t calls[F_COUNT], hist[HIST_BUCKETS], overflow = retired_overflow;
+    memcpy(calls, retired_calls, sizeof calls);
+    memcpy(hist, retired_hist, sizeof hist);
+    if (retired_sizes)
+        memcpy(merged, retired_sizes, merge_size);
+    unsigned long long nthreads = n_retired;
     for (struct thread_rec *r = recs; r; r = r->next) {
         nthreads++;
         for (int f = 0; f < F_COUNT; f++)
@@ -526,24 +644,9 @@ static void write_record(const char *ended_by, char *path_out, size_t path_cap)
         for (int h = 0; h < HIST_BUCKETS; h++)
             hist[h] += r->hist[h];
         overflow += r->size_overflow;
-        for (unsigned i = 0; i < SIZE_SLOTS; i++) {
-            uint64_t key = r->sizes[i].key;
-            if (!key)
-                continue;
-            uint64_t h = (key * 0x9E3779B97F4A7C15ULL) >> 48;
-            for (unsigned j = 0;; j++) {
-                struct size_slot *s = &merged[(h + j) & (MERGE_SLOTS - 1)];
-                if (s->key == key || s->key == 0) {
-                    s->key = key;
-                    s->count += r->sizes[i].count;
-                    break;
-                }
-                if (j == MERGE_SLOTS) {
-                    overflow += r->sizes[i].count;
-                    break;
-                }
-            }
-        }
+        for (unsigned i = 0; i < SIZE_SLOTS; i++)
+            if (r->sizes[i].key && !merge_slot(merged, r->sizes[i].key, r->sizes[i].count))
+                overflow += r->sizes[i].count;
     }
     qsort(merged, MERGE_SLOTS, sizeof *merged, cmp_slot_desc);
 
@@ -575,27 +678,23 @@ static void write_record(const char *ended_by, char *path_out, size_t path_cap)
     out(&b, "], \"distinct_sizes\": %llu, \"sizes_not_tabled\": %llu, \"threads\": [", distinct,
         (unsigned long long)overflow);
     int first = 1;
-    for (struct thread_rec *r = recs; r; r = r->next) {
-        uint64_t total = 0;
-        for (int f = 0; f < F_COUNT; f++)
-            total += r->calls[f];
-        out(&b, "%s{\"tid\": %d, \"exited\": %s, \"calls\": %llu, \"by_function\": {", first ? "" : ", ", (int)r->tid,
-            r->retired ? "true" : "false", (unsigned long long)total);
+    unsigned long long listed = 0;
+    for (struct thread_rec *r = recs; r && listed < MAX_THREADS_LISTED; r = r->next, listed++) {
+        out_thread(&b, r->tid, 0, r->calls, first);
         first = 0;
-        int ff = 1;
-        for (int f = 0; f < F_COUNT; f++)
-            if (r->calls[f]) {
-                out(&b, "%s\"%s\": %llu", ff ? "" : ", ", fn_names[f], (unsigned long long)r->calls[f]);
-                ff = 0;
-            }
-        out(&b, "}}");
+    }
+    /* Exited threads, busiest first, while the list stays readable. */
+    qsort(retired, n_retired, sizeof *retired, cmp_retired_desc);
+    for (size_t i = 0; i < n_retired && listed < MAX_THREADS_LISTED; i++, listed++) {
+        out_thread(&b, retired[i].tid, 1, retired[i].calls, first);
+        first = 0;
     }
     long long pb = atomic_load(&peak_bytes), po = atomic_load(&peak_objects);
     out(&b, "], \"peak_live_bytes\": %lld, \"peak_live_objects\": %lld, \"live_bytes_at_end\": %lld, "
             "\"live_objects_at_end\": %lld, \"live_bytes_kind\": \"usable\", \"peak_tolerance_bytes_per_thread\": %d, "
-            "\"thread_records\": %u}\n",
+            "\"threads_seen\": %llu, \"threads_not_listed\": %llu}\n",
         pb > final_bytes ? pb : final_bytes, po > final_objects ? po : final_objects, final_bytes, final_objects,
-        FLUSH_BYTES, nthreads);
+        FLUSH_BYTES, nthreads, nthreads - listed);
     pthread_mutex_unlock(&recs_lock);
 
     /* The same pid writes again after exec, so the name carries the time too. */
@@ -628,17 +727,15 @@ static void write_record(const char *ended_by, char *path_out, size_t path_cap)
 static void reset_in_child(void)
 {
     pthread_mutex_init(&recs_lock, NULL);
-    for (struct thread_rec *r = recs; r; r = r->next) {
-        if (r == tls_rec)
-            continue;
-        r->retired = 1; /* not this process's thread; unmapped below */
-    }
+    /* The other threads' records belong to threads that do not exist here: recycle them. */
     struct thread_rec *keep = tls_rec;
     struct thread_rec *r = recs;
     while (r) {
         struct thread_rec *next = r->next;
-        if (r != keep)
-            munmap(r, sizeof *r);
+        if (r != keep) {
+            r->next = free_recs;
+            free_recs = r;
+        }
         r = next;
     }
     recs = NULL;
@@ -647,6 +744,12 @@ static void reset_in_child(void)
         keep->tid = (pid_t)syscall(SYS_gettid);
         recs = keep;
     }
+    memset(retired_calls, 0, sizeof retired_calls);
+    memset(retired_hist, 0, sizeof retired_hist);
+    retired_overflow = 0;
+    if (retired_sizes)
+        memset(retired_sizes, 0, MERGE_SLOTS * sizeof(struct size_slot));
+    n_retired = 0;
     atomic_store(&live_bytes, 0);
     atomic_store(&live_objects, 0);
     atomic_store(&peak_bytes, 0);
