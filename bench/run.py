@@ -388,6 +388,8 @@ def main(argv=None) -> int:
             entry = {**asdict(cell), "id": cell.id, "runs": runs,
                      "repro": {x.name: repro(cell, x, bins) for x in allocs}}
             raw["cells"].append(entry)
+            if not sys.stderr.isatty():  # a log file gets one line per cell instead of the progress bar
+                print(f"bench: {cell.id} done at {time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
             fails = [f"{n}: {r['error']}" for n, rs in runs.items() for r in rs if not r["ok"]]
             for f in fails[:3]:
                 print(f"bench: {cell.id} failed under {f}", file=sys.stderr)

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "mallard.h"
+#include "secure.h"
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,8 +13,11 @@ static inline void *alloc_class(unsigned c) {
   page_t *pg = h->current[c];
   block_t *b = pg->free;
   if (likely(b != NULL)) {
-    pg->free = b->next;
+    pg->free = blk_next(pg, b);
     pg->used++;
+#ifdef MALLARD_SECURE
+    secure_on_alloc(pg, b);
+#endif
 #ifdef MALLARD_STATS
     h->stats.cls[c].nmalloc++;
 #endif
@@ -28,13 +32,14 @@ static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
   return mld_large_alloc(h, size, align, zero);
 }
 
+/* Small and medium requests take a size class; MLD_CANARY (secure variant) makes room for the canary. */
 static MLD_NOINLINE void *alloc_not_small(size_t size) {
-  if (size <= MLD_MEDIUM_MAX) return alloc_class(mld_size_class_slow(size));
+  if (size <= MLD_MEDIUM_MAX - MLD_CANARY) return alloc_class(mld_size_class(size + MLD_CANARY));
   return alloc_big(size, MLD_MIN_ALIGN, false);
 }
 
 static inline void *alloc(size_t size) {
-  if (likely(size <= MLD_SMALL_MAX)) return alloc_class(mld_small_class[(size + 15) >> 4]);
+  if (likely(size <= MLD_SMALL_MAX - MLD_CANARY)) return alloc_class(mld_small_class[(size + MLD_CANARY + 15) >> 4]);
   return alloc_not_small(size);
 }
 
@@ -56,7 +61,12 @@ static inline void dealloc(void *p) {
     /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
     block_t *b = p;
     unsigned c = pg->size_class;
-    b->next = pg->free;                 /* LIFO: the block just freed is the next one handed out (cache-warm) */
+#ifdef MALLARD_SECURE
+    secure_check_free(pg, b);
+    bm_flip(b);
+    if (mld_opt.zero_on_free) memset(b, 0, pg->block_size);
+#endif
+    blk_set_next(pg, b, pg->free);      /* LIFO: the block just freed is the next one handed out (cache-warm) */
     pg->free = b;
 #ifdef MALLARD_STATS
     h->stats.cls[c].nfree++;
@@ -82,7 +92,7 @@ static size_t usable_size(const void *p, const char *what) {
     if (p == seg->user) return seg->user_size;
   } else {
     page_t *pg = page_of(seg, p);
-    if (pg->kind == PAGE_SMALL) return pg->block_size;
+    if (pg->kind == PAGE_SMALL) return pg->block_size - MLD_CANARY;
     if (pg->kind == PAGE_LARGE && p == pg->user) return pg->large_size;
   }
   mld_report_invalid(what, p);
@@ -94,8 +104,8 @@ static size_t size_round_page(size_t n) { return (n + MLD_OS_PAGE - 1) & ~(size_
 /* An aligned block; align is a power of two. Small requests use a class whose size is a multiple of align. */
 static void *alloc_aligned(size_t align, size_t size) {
   if (align <= MLD_MIN_ALIGN) return alloc(size);
-  if (size <= MLD_MEDIUM_MAX && align <= MLD_SLOT_SIZE) {
-    size_t want = size < align ? align : size;
+  if (size <= MLD_MEDIUM_MAX - MLD_CANARY && align <= MLD_SLOT_SIZE) {
+    size_t want = size + MLD_CANARY < align ? align : size + MLD_CANARY;
     if (want <= MLD_MEDIUM_MAX) {
       unsigned c = mld_size_class(want);
       while (c < MLD_NUM_CLASSES && (mld_class_size[c] & (align - 1))) c++;   /* page starts are slot aligned */
@@ -106,8 +116,8 @@ static void *alloc_aligned(size_t align, size_t size) {
 }
 
 static void *zalloc(size_t total) {
-  if (total <= MLD_MEDIUM_MAX) {
-    void *p = alloc_class(mld_size_class(total));
+  if (total <= MLD_MEDIUM_MAX - MLD_CANARY) {
+    void *p = alloc_class(mld_size_class(total + MLD_CANARY));
     if (p) memset(p, 0, total);
     return p;
   }
@@ -123,16 +133,21 @@ static void *reallocate(void *p, size_t size) {
     if (seg->kind == SEG_HUGE) {
       if (p != seg->user) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
       old = seg->user_size;
+#ifndef MALLARD_SECURE   /* the secure variant moves huge blocks: mremap would carry the guard page along */
       if (size > MLD_LARGE_MAX) {
         void *q = mld_huge_realloc(mld_tls_heap, seg, p, size);
         if (q) return q;
         errno = ENOMEM;
         return NULL;
       }
+#endif
     } else {
       page_t *pg = page_of(seg, p);
       if (pg->kind == PAGE_SMALL) {
-        old = pg->block_size;
+#ifdef MALLARD_SECURE
+        secure_check_free(pg, p);
+#endif
+        old = pg->block_size - MLD_CANARY;
         if (size <= old && (size > old / 2 || old <= 64)) return p;   /* fits, and not too wasteful */
       } else if (pg->kind == PAGE_LARGE && p == pg->user) {
         old = pg->large_size;

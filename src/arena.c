@@ -1,6 +1,8 @@
 /* arena.c — arenas: they own segments, hand out slot spans (best fit, coalescing) and keep abandoned pages. */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "secure.h"
+#include <sys/mman.h>
 #include <string.h>
 #include <time.h>
 
@@ -106,6 +108,10 @@ static segment_t *segment_new(arena_t *a) {
   segment_t *seg = mld_os_map_aligned(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE);
   if (!seg) return NULL;
   if (mld_opt.thp) mld_os_thp(seg, MLD_SEGMENT_SIZE, false);
+#ifdef MALLARD_SECURE
+  /* Metadata lives apart from user data: the tail of slot 0 is a guard between them. */
+  mprotect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_SLOT_SIZE - MLD_GUARD_OFFSET, PROT_NONE);
+#endif
   seg->kind = SEG_NORMAL;
   seg->arena = a;
   seg->pages[0].kind = PAGE_META;

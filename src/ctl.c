@@ -3,6 +3,7 @@
 #include "internal.h"
 #include "mallard.h"
 #include "stats.h"
+#include "secure.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,8 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "stats_print_opts")) READ(const char *, mld_opt.stats_print_opts);
   if (!strcmp(n, "huge_cache_max")) READ(size_t, mld_opt.huge_cache_max);
   if (!strcmp(n, "page_cache")) READ(unsigned, mld_opt.page_cache);
+  if (!strcmp(n, "zero_on_free")) READ(bool, mld_opt.zero_on_free);
+  if (!strcmp(n, "secure")) READ(bool, MLD_SECURE_BUILD);
   unsigned c;
   if (!strncmp(n, "slab_sizes.", 11) && (n += 11, take_index(&n, &c)) && !*n && c < MLD_NUM_CLASSES)
     READ(size_t, (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT);

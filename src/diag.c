@@ -41,6 +41,10 @@ static _Atomic(int) reported;
 _Atomic(uint64_t) mld_invalid_count;
 void mld_report_invalid(const char *what, const void *p) {
   atomic_fetch_add(&mld_invalid_count, 1);
+#ifdef MALLARD_SECURE
+  mld_fatal("mallard-secure: %s(%p): invalid pointer (not allocated by mallard, interior, or already freed); aborting\n",
+            what, p);
+#endif
   if (atomic_exchange(&reported, 1) == 0)
     mld_message("mallard: %s(%p): pointer not allocated by mallard (or already freed); ignored. "
                 "Further reports are suppressed.\n", what, p);

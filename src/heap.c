@@ -1,6 +1,7 @@
 /* heap.c — thread-local heaps: the malloc slow path, page lists per size class, remote frees, thread exit and adoption. */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "secure.h"
 #include <errno.h>
 #include <string.h>
 
@@ -236,8 +237,11 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
   if (unlikely(!pg)) { set_current(h, c); errno = ENOMEM; return NULL; }
   h->current[c] = pg;
   block_t *b = pg->free;
-  pg->free = b->next;
+  pg->free = blk_next(pg, b);
   pg->used++;
+#ifdef MALLARD_SECURE
+  secure_on_alloc(pg, b);
+#endif
   h->stats.cls[c].nmalloc++;
   h->stats.cls[c].nrefills++;
   return b;
@@ -270,9 +274,15 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
   if (pg->kind == PAGE_SMALL) {
     /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
     block_t *b = p;
+#ifdef MALLARD_SECURE
+    secure_check_free(pg, b);   /* the owner clears the bitmap bit when it collects the block */
+#endif
     block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
     do {
-      b->next = old;
+#ifdef MALLARD_SECURE
+      if (unlikely(old == b)) mld_secure_fail("double free (by another thread) of", b);
+#endif
+      blk_set_next(pg, b, old);
     } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, b, memory_order_release, memory_order_relaxed));
     if (h != &mld_heap_empty) {
       h->stats.cls[pg->size_class].nfree++;

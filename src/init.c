@@ -1,6 +1,7 @@
 /* init.c — initialisation (lazy and by constructor), thread-exit hook, fork handlers, and statistics at exit. */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "secure.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,9 @@ void mld_init_slow(void) {
     init_thread = pthread_self();
     atomic_store(&mld_initialized, 1);
     mld_size_classes_init();
+#ifdef MALLARD_SECURE
+    mld_secure_init();
+#endif
     mld_options_init();
     if (!mld_os_init()) mld_fatal("mallard: cannot reserve the ownership map\n");
     size_t n = mld_opt.narenas ? mld_opt.narenas : mld_ncpus();

@@ -164,6 +164,7 @@ typedef struct options_s {
   unsigned page_slots[MLD_NUM_CLASSES];  /* slots per page for each size class (slab_sizes) */
   size_t huge_cache_max;                 /* bytes of freed huge mappings kept for reuse before decay */
   unsigned page_cache;                   /* empty 64 KiB pages each thread keeps before giving them back */
+  bool zero_on_free;                     /* secure variant: wipe small blocks when they are freed */
 } options_t;
 
 extern options_t mld_opt MLD_HIDDEN;
@@ -188,6 +189,7 @@ MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_owner_set(const void *seg, bool on);
 MLD_HIDDEN uint64_t mld_now_ms(void);
 MLD_HIDDEN size_t mld_ncpus(void);
+MLD_HIDDEN uintptr_t mld_random_hint(void);
 #define MLD_OWNER_WORDS (((size_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT)) / 64)
 /* In .bss: 4 MiB of address space, zero until touched; only the words covering our segments ever become resident. */
 extern _Atomic(uint64_t) mld_owner_map[MLD_OWNER_WORDS] MLD_HIDDEN;

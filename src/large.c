@@ -1,6 +1,8 @@
 /* large.c — large blocks (slot spans inside segments) and huge blocks (their own aligned mapping, cached until decay). */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "secure.h"
+#include <sys/mman.h>
 #include <errno.h>
 #include <string.h>
 
@@ -84,7 +86,11 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   bool big = align >= MLD_SEGMENT_SIZE;
   size_t off = big ? align : huge_offset(align);
   if (size > SIZE_MAX - off - MLD_OS_PAGE) { errno = ENOMEM; return NULL; }
-  size_t need = round_up(off + size, MLD_OS_PAGE);
+  size_t guard = 0;
+#ifdef MALLARD_SECURE
+  guard = MLD_OS_PAGE;   /* an inaccessible page right after every huge block */
+#endif
+  size_t need = round_up(off + size, MLD_OS_PAGE) + guard;
   segment_t *seg = big ? NULL : huge_cache_take(need);
   bool fresh = false;
   if (!seg) {
@@ -93,10 +99,11 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     seg->kind = SEG_HUGE;
     seg->map_size = need;
     fresh = true;
+    if (guard) mprotect((uint8_t *)seg + need - guard, guard, PROT_NONE);
     if (mld_opt.thp) mld_os_thp(seg, need, true);
   }
   seg->user = (uint8_t *)seg + off;
-  seg->user_size = seg->map_size - off;
+  seg->user_size = seg->map_size - off - guard;
   if (zero && !fresh) memset(seg->user, 0, size);
   atomic_fetch_add(&mld_huge_active, seg->map_size);
   if (big) {

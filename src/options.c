@@ -27,6 +27,7 @@ static const opt_desc_t descs[] = {
   { "retain", T_BOOL, 0, 1, "true or false" },
   { "thp", T_THP, 0, 3, "default, never, madvise or always" },
   { "verbose", T_BOOL, 0, 1, "true or false" },
+  { "zero_on_free", T_BOOL, 0, 1, "true or false" },
   { "abort_conf", T_BOOL, 0, 1, "true or false" },
   { "stats_print", T_BOOL, 0, 1, "true or false" },
   { "stats_print_opts", T_STR, 0, 15, "letters: J (JSON), a (no per-arena), b (no per-class)" },
@@ -133,7 +134,7 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
   if (!d) {
     conf_error(src, k, kl, v, vl, "unknown option",
                "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, abort_conf, stats_print, "
-               "stats_print_opts, slab_sizes, page_cache, huge_cache_max");
+               "stats_print_opts, slab_sizes, page_cache, huge_cache_max, zero_on_free");
     return;
   }
   long x;
@@ -157,6 +158,7 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
       if (!strcmp(d->name, "background_thread")) mld_opt.background_thread = b;
       else if (!strcmp(d->name, "retain")) mld_opt.retain = b;
       else if (!strcmp(d->name, "verbose")) mld_opt.verbose = b;
+      else if (!strcmp(d->name, "zero_on_free")) mld_opt.zero_on_free = b;
       else if (!strcmp(d->name, "abort_conf")) mld_opt.abort_conf = b;
       else mld_opt.stats_print = b;
     }

@@ -28,11 +28,16 @@ void *mld_os_map_aligned(size_t size, size_t align) {
   }
   /* First try right below the previous aligned mapping: usually free, and saves the trim. */
   uintptr_t hint = atomic_load_explicit(&next_hint, memory_order_relaxed);
+#ifdef MALLARD_SECURE
+  if (align == MLD_SEGMENT_SIZE) hint = mld_random_hint() + size + align;   /* unpredictable segment addresses */
+#endif
   if (hint > size + align) {
     uintptr_t want = (hint - size) & ~(uintptr_t)(align - 1);
     void *p = map_raw((void *)want, size, MAP_FIXED_NOREPLACE);
     if (p == (void *)want) {
+#ifndef MALLARD_SECURE
       atomic_store_explicit(&next_hint, want, memory_order_relaxed);
+#endif
       atomic_fetch_add(&mld_mapped_bytes, size);
       return p;
     }

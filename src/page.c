@@ -1,5 +1,6 @@
 /* page.c — a small page (slab) of one size class and its two free lists: the owner's `free` and the atomic `thread_free`. */
 #include "internal.h"
+#include "secure.h"
 
 /* The page every empty heap bin points at: its free list is always empty, so malloc falls into the slow path. */
 page_t mld_page_empty = { .kind = PAGE_META };
@@ -28,10 +29,19 @@ bool mld_page_extend(page_t *pg) {
   if (n < 4) n = 4;
   if (n > pg->reserved - pg->capacity) n = pg->reserved - pg->capacity;
   uint8_t *first = page_start(pg) + (size_t)pg->capacity * bs;
+#ifdef MALLARD_SECURE
+  block_t *order[EXTEND_BYTES / 16 > 4 ? EXTEND_BYTES / 16 : 4];   /* n <= max(4, EXTEND_BYTES / 16) */
+  for (size_t i = 0; i < n; i++) order[i] = (block_t *)(first + i * bs);
+  mld_shuffle(order, n);   /* random allocation order inside each carved chunk */
+  for (size_t i = 0; i + 1 < n; i++) blk_set_next(pg, order[i], order[i + 1]);
+  blk_set_next(pg, order[n - 1], pg->free);
+  pg->free = order[0];
+#else
   uint8_t *p = first;
   for (size_t i = 1; i < n; i++, p += bs) ((block_t *)p)->next = (block_t *)(p + bs);
   ((block_t *)p)->next = pg->free;
   pg->free = (block_t *)first;
+#endif
   pg->capacity += (uint32_t)n;
   return true;
 }
@@ -43,8 +53,19 @@ size_t mld_page_collect_remote(page_t *pg) {
   if (!list) return 0;
   size_t n = 1;
   block_t *tail = list;
+#ifdef MALLARD_SECURE
+  for (;;) {   /* each collected block must still be live: a block pushed twice is a double free */
+    if (!bm_test(tail)) mld_secure_fail("double free (by another thread) of", tail);
+    bm_flip(tail);
+    block_t *next = blk_next(pg, tail);
+    if (!next) break;
+    tail = next;
+    n++;
+  }
+#else
   while (tail->next) { tail = tail->next; n++; }
-  tail->next = pg->free;
+#endif
+  blk_set_next(pg, tail, pg->free);
   pg->free = list;
   pg->used -= (uint32_t)n;
   return n;

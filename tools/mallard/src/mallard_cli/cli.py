@@ -44,7 +44,8 @@ NEEDS_COMMAND = {"run", "profile", "bench"}
 def _console(stderr: bool = False) -> Console:
     c = Console(stderr=stderr, highlight=False, soft_wrap=False)
     if not c.is_terminal:
-        c.width = max(int(os.environ.get("COLUMNS", "0") or 0), 140)
+        cols = os.environ.get("COLUMNS", "")
+        c.width = int(cols) if cols.isdigit() and int(cols) >= 60 else 140
     return c
 
 
