@@ -198,18 +198,10 @@ def run_once(cell: Cell, alloc, bins: Path, timeout: float) -> dict:
             rec.update(ok=True, wall_s=r["wall_s"], cpu_s=r["cpu_s"], max_rss_kib=r["max_rss_kib"],
                        metrics=r["metrics"])
             return rec
-        # The launcher sets LD_PRELOAD for the command alone and reports the command's own peak RSS (see
-        # measure_exec.c); run_measured's figures include the launcher and, for RSS, this Python process's floor.
-        preload = env.pop("LD_PRELOAD", "")
-        with tempfile.NamedTemporaryFile(prefix="mallard-bench-", suffix=".json") as tf:
-            cmd = [str(bins / "mallard-bench-exec"), tf.name, preload, "--", *command_for(cell, bins)]
-            r = measure.run_measured(cmd, env, timeout=timeout, cwd=str(REPO))
-            rec.update(wall_s=r.wall_s, cpu_s=r.user_s + r.sys_s, max_rss_kib=r.max_rss_kib)
-            try:
-                own = json.loads(Path(tf.name).read_text())
-                rec.update(wall_s=own["wall_s"], cpu_s=own["user_s"] + own["sys_s"], max_rss_kib=own["max_rss_kib"])
-            except (OSError, ValueError, KeyError):
-                pass  # the launcher died before writing: keep run_measured's figures
+        # run_measured starts the command through the `mallard` command's launcher (mallard-measure), which reports
+        # the command's own peak RSS rather than one inflated by this Python process.
+        r = measure.run_measured(command_for(cell, bins), env, timeout=timeout, cwd=str(REPO))
+        rec.update(wall_s=r.wall_s, cpu_s=r.user_s + r.sys_s, max_rss_kib=r.max_rss_kib)
         if r.returncode != 0:
             how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
             rec["error"] = f"{how}: {(r.stderr.strip() or r.stdout.strip())[-400:]}"
@@ -333,7 +325,10 @@ def main(argv=None) -> int:
         # glibc, the three other peers and Mallard's variants; other discovered libraries only when asked for.
         allocs = [x for x in found if x.name in PEERS + MALLARD]
     bins = Path(a.bin_dir).resolve() if a.bin_dir else bin_dir()
-    missing = [p for p in ("larson", "fastpath", "exec") if not (bins / f"mallard-bench-{p}").exists()]
+    if not measure.helper_path():
+        print("bench: warning: mallard-measure (built with tools/tracer) not found; peak RSS of small runs will "
+              "include the runner's own RSS", file=sys.stderr)
+    missing = [p for p in ("larson", "fastpath") if not (bins / f"mallard-bench-{p}").exists()]
     if missing:
         print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "
               f"(or set MALLARD_BUILD_DIR)", file=sys.stderr)

@@ -53,6 +53,11 @@ int mld_arena_create(void) {
   return r;
 }
 
+/* fork(): arena creation is not in progress while the child is made. */
+void mld_arenas_fork_prepare(void) { pthread_mutex_lock(&arenas_create_lock); }
+void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
+void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL); }
+
 /* ---- span bookkeeping (arena lock held) ---- */
 
 static void span_mark_free(page_t *pg, size_t n) {

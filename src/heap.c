@@ -301,14 +301,9 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
 void mld_heaps_lock(void) { pthread_mutex_lock(&mld_heaps_mutex); }
 void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); }
 
-/* In the child only the forking thread lives: abandon every other heap so its pages can be adopted. */
+/* In the child only the forking thread lives. The other threads' heaps may have been mid-update (their owners
+ * change them without locks), so they are left alone: their pages stay allocated in the child, as in jemalloc
+ * and mimalloc. Their statistics remain readable. */
 void mld_heaps_fork_child(void) {
   pthread_mutex_init(&mld_heaps_mutex, NULL);
-  heap_t *self = mld_tls_heap;
-  heap_t *h = mld_heaps_all;
-  while (h) {
-    heap_t *next = h->next_all;
-    if (h != self) mld_heap_abandon(h);
-    h = next;
-  }
 }

@@ -17,23 +17,30 @@ static void heap_destructor(void *arg) {
   mld_heap_abandon(h);
 }
 
+/* Lock order: purge, arena creation, heaps, arenas by index, huge cache, metadata. */
 static void fork_prepare(void) {
   mld_purge_fork_prepare();
+  mld_arenas_fork_prepare();
   mld_heaps_lock();
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) pthread_mutex_lock(&mld_arenas[i]->lock);
   mld_huge_fork_prepare();
+  mld_meta_fork_prepare();
 }
 
 static void fork_parent(void) {
+  mld_meta_fork_parent();
   mld_huge_fork_parent();
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = n; i-- > 0;) pthread_mutex_unlock(&mld_arenas[i]->lock);
   mld_heaps_unlock();
+  mld_arenas_fork_parent();
   mld_purge_fork_parent();
 }
 
 static void fork_child(void) {
+  mld_meta_fork_child();
+  mld_arenas_fork_child();
   mld_huge_fork_child();
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) pthread_mutex_init(&mld_arenas[i]->lock, NULL);

@@ -276,6 +276,12 @@ extern _Atomic(uint64_t) mld_huge_cached MLD_HIDDEN;
 
 /* meta.c */
 MLD_HIDDEN void *mld_meta_alloc(size_t size);
+MLD_HIDDEN void mld_meta_fork_prepare(void);
+MLD_HIDDEN void mld_meta_fork_parent(void);
+MLD_HIDDEN void mld_meta_fork_child(void);
+MLD_HIDDEN void mld_arenas_fork_prepare(void);
+MLD_HIDDEN void mld_arenas_fork_parent(void);
+MLD_HIDDEN void mld_arenas_fork_child(void);
 
 /* options.c */
 MLD_HIDDEN void mld_options_init(void);

@@ -24,3 +24,8 @@ void *mld_meta_alloc(size_t size) {
   pthread_mutex_unlock(&meta_lock);
   return r;   /* fresh mapping: already zero */
 }
+
+/* fork(): no thread may be inside mld_meta_alloc while the child is made. */
+void mld_meta_fork_prepare(void) { pthread_mutex_lock(&meta_lock); }
+void mld_meta_fork_parent(void) { pthread_mutex_unlock(&meta_lock); }
+void mld_meta_fork_child(void) { pthread_mutex_init(&meta_lock, NULL); }

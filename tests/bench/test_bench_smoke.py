@@ -23,7 +23,7 @@ CORRUPT_ARGS = {"fastpath": ["-m", "remote", "-n", "2048"], "vmem": ["-t", "10"]
 
 
 def test_every_workload_is_built(bins):
-    missing = [w for w in C_WORKLOADS + ["exec"] if not (bins / f"mallard-bench-{w}").exists()]
+    missing = [w for w in C_WORKLOADS if not (bins / f"mallard-bench-{w}").exists()]
     assert not missing, f"not built in {bins}: {missing} (cmake --build <build> --target mallard-bench)"
 
 
@@ -74,6 +74,13 @@ def test_corrupted_pattern_fails_the_run(workload, bins):
     assert bad.returncode == 3, f"{workload} did not detect the corruption: rc={bad.returncode} {bad.stderr}"
     assert "CORRUPTION" in bad.stderr
     assert "RESULT" not in bad.stdout
+
+
+def test_peak_rss_is_the_commands_own(runner, bins):
+    """A 2 MiB program must not report the runner's own tens of MiB as its peak (the launcher's job)."""
+    rec = runner.run_once(runner.Cell("vmem", 1, "c", ["-t", "1"]), ALLOCATORS[0], bins, timeout=30)
+    assert rec["ok"], rec["error"]
+    assert 0 < rec["max_rss_kib"] < 12 * 1024, rec["max_rss_kib"]
 
 
 def test_bad_option_is_refused(bins):

@@ -1,0 +1,150 @@
+/* mtest.h — shared helpers of the C tests: CHECK macros, the API-name switch (prefixed or replaced), /proc readers, RNG. */
+#ifndef MTEST_H
+#define MTEST_H
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "mallard.h"
+
+/* Failures are counted (atomically: worker threads check too) and reported; main returns mt_result(). */
+static _Atomic(int) mt_failures;
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      atomic_fetch_add(&mt_failures, 1);                                   \
+      fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond);     \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fputc('\n', stderr);                                                 \
+    }                                                                      \
+  } while (0)
+/* Stop the test when going on makes no sense (e.g. a NULL block would be dereferenced). */
+#define REQUIRE(cond, ...)                                                 \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "FATAL %s:%d: (%s) ", __FILE__, __LINE__, #cond);    \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fputc('\n', stderr);                                                 \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+static inline int mt_result(const char *name) {
+  int f = atomic_load(&mt_failures);
+  if (f) fprintf(stderr, "%s: %d check(s) failed\n", name, f);
+  else printf("%s: all checks passed\n", name);
+  return f ? 1 : 0;
+}
+
+/* API names: MT_PREFIX tests call mallard_* (libmallard-prefix.a); the others call the replaced malloc family,
+ * either linked in statically (MT_STATIC, libmallard.a) or interposed with LD_PRELOAD (MT_PRELOAD). */
+#ifdef MT_PREFIX
+#define M_malloc mallard_malloc
+#define M_free mallard_free
+#define M_calloc mallard_calloc
+#define M_realloc mallard_realloc
+#define M_reallocarray mallard_reallocarray
+#define M_aligned_alloc mallard_aligned_alloc
+#define M_posix_memalign mallard_posix_memalign
+#define M_memalign mallard_memalign
+#define M_valloc mallard_valloc
+#define M_pvalloc mallard_pvalloc
+#define M_usable mallard_usable_size
+#define M_free_sized mallard_free_sized
+#define M_free_aligned_sized mallard_free_aligned_sized
+#define MT_MODE "prefix"
+#else
+#include <malloc.h>
+#define M_malloc malloc
+#define M_free free
+#define M_calloc calloc
+#define M_realloc realloc
+#define M_reallocarray reallocarray
+#define M_aligned_alloc aligned_alloc
+#define M_posix_memalign posix_memalign
+#define M_memalign memalign
+#define M_valloc valloc
+#define M_pvalloc pvalloc
+#define M_usable malloc_usable_size
+#ifdef MT_STATIC
+#define MT_MODE "static"
+#else
+#define MT_MODE "preload"
+#endif
+#endif
+
+/* Mallard's own control entry points. The LD_PRELOAD programs do not link libmallard: they look them up in the
+ * process (found only if the preload really happened, which is what those tests must prove). */
+#ifdef MT_PRELOAD
+static inline void *mt_sym(const char *name) {
+  void *s = dlsym(RTLD_DEFAULT, name);
+  REQUIRE(s, "symbol %s not found: is libmallard.so really preloaded? (LD_PRELOAD=%s)", name,
+          getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "(unset)");
+  return s;
+}
+#define MT_OWNS(p) (((bool (*)(const void *))mt_sym("mallard_owns"))(p))
+#define MT_CTL(n, o, ol, nw, nl) \
+  (((int (*)(const char *, void *, size_t *, void *, size_t))mt_sym("mallard_ctl"))(n, o, ol, nw, nl))
+#define MT_COLLECT(f) (((void (*)(bool))mt_sym("mallard_collect"))(f))
+#else
+#define MT_OWNS(p) mallard_owns(p)
+#define MT_CTL(n, o, ol, nw, nl) mallard_ctl(n, o, ol, nw, nl)
+#define MT_COLLECT(f) mallard_collect(f)
+#endif
+
+/* A field of /proc/self/status in KiB ("VmRSS:", "VmSize:"), read without allocating through stdio. */
+static inline long mt_status_kb(const char *field) {
+  char buf[8192];
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strstr(buf, field);
+  if (!p) return -1;
+  return strtol(p + strlen(field), NULL, 10);
+}
+
+static inline double mt_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* xorshift64*: small, fast, good enough to pick sizes and operations; never seeded with 0. */
+typedef struct { uint64_t s; } mt_rng_t;
+static inline void mt_rng_seed(mt_rng_t *r, uint64_t seed) {
+  r->s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  if (!r->s) r->s = 1;
+}
+static inline uint64_t mt_rng_next(mt_rng_t *r) {
+  r->s ^= r->s >> 12;
+  r->s ^= r->s << 25;
+  r->s ^= r->s >> 27;
+  return r->s * 0x2545F4914F6CDD1Dull;
+}
+static inline uint64_t mt_rng_below(mt_rng_t *r, uint64_t n) { return n ? mt_rng_next(r) % n : 0; }
+
+/* Byte pattern of a block: depends on its tag and the offset, so a block overwritten by another shows up. */
+static inline uint8_t mt_pat(uint64_t tag, size_t i) { return (uint8_t)((tag * 131u) ^ (i * 7u) ^ (i >> 8)); }
+static inline void mt_fill(void *p, size_t n, uint64_t tag) {
+  uint8_t *b = p;
+  for (size_t i = 0; i < n; i++) b[i] = mt_pat(tag, i);
+}
+/* Index of the first wrong byte, or n when all are right. */
+static inline size_t mt_verify(const void *p, size_t n, uint64_t tag) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != mt_pat(tag, i)) return i;
+  return n;
+}
+
+#endif
