@@ -171,7 +171,7 @@ void mld_heap_collect(heap_t *h, bool force) {
 }
 
 /* ---- the slow path ---- */
-#define WALK_LIMIT 8     /* pages examined per refill: bounds the slow path however many pages a class has */
+#define SWEEP_LIMIT 8    /* full pages checked for remote frees per refill: bounds the slow path */
 
 static page_t *heap_new_page(heap_t *h, unsigned c) {
   arena_t *a = h->arena;
@@ -201,7 +201,8 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
 static page_t *heap_find_page(heap_t *h, unsigned c) {
   page_list_t *avail = &h->avail[c], *full = &h->full[c];
   page_t *pg = avail->head;
-  for (int i = 0; pg && i < WALK_LIMIT; i++) {
+  /* No limit here: a page is parked at most once per return from the full list, so the walk is amortised. */
+  while (pg) {
     page_t *next = pg->next;
     if (mld_page_collect(pg) || mld_page_extend(pg)) {
       if (pg != avail->head) { list_remove(avail, pg); list_push_head(avail, pg); }
@@ -214,7 +215,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
   }
   /* Sweep the oldest full pages for remote frees before taking a new page. */
   pg = full->head;
-  for (int i = 0; pg && i < WALK_LIMIT; i++) {
+  for (int i = 0; pg && i < SWEEP_LIMIT; i++) {
     page_t *next = pg->next;
     list_remove(full, pg);
     if (mld_page_collect(pg)) {
