@@ -72,7 +72,8 @@ static inline void dealloc(void *p) {
     h->stats.cls[c].nfree++;
 #endif
     if (unlikely(--pg->used == 0 || pg->in_full)) {
-      if (pg != h->current[c] || pg->in_full) mld_page_retire(h, pg);   /* empty and not current, or parked full */
+      /* empty and not current (or multi-slot), or parked full */
+      if (pg != h->current[c] || pg->in_full || pg->slot_count > 1) mld_page_retire(h, pg);
     }
     return;
   }

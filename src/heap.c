@@ -90,17 +90,32 @@ static void page_release(heap_t *h, page_t *pg) {
   mld_arena_free_span(segment_of(pg)->arena, pg);
 }
 
-/* An empty page leaves the class lists: keep a few one-slot pages for reuse, give the rest back. */
+/* An empty page leaves the class lists: keep it in the page cache while the cache holds fewer than
+ * page_cache slots in all, else give it back to its arena. */
 static void page_release_or_cache(heap_t *h, page_t *pg) {
-  if (pg->slot_count == 1 && h->ncache < mld_opt.page_cache && segment_of(pg)->arena == h->arena) {
+  if (h->ncache + pg->slot_count <= mld_opt.page_cache && segment_of(pg)->arena == h->arena) {
     h->stats.cls[pg->size_class].npages_released++;
     atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);   /* no block of it is live */
     pg->next = h->cache;
     h->cache = pg;
-    h->ncache++;
+    h->ncache += pg->slot_count;
     return;
   }
   page_release(h, pg);
+}
+
+/* A cached page of exactly `slots` slots, or NULL. */
+static page_t *cache_take(heap_t *h, unsigned slots) {
+  for (page_t **pp = &h->cache; *pp; pp = &(*pp)->next) {
+    page_t *pg = *pp;
+    if (pg->slot_count == slots) {
+      *pp = pg->next;
+      pg->next = NULL;
+      h->ncache -= slots;
+      return pg;
+    }
+  }
+  return NULL;
 }
 
 static void cache_flush(heap_t *h) {
@@ -179,10 +194,7 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
   if (pg) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
-  } else if (h->cache && mld_opt.page_slots[c] == 1) {
-    pg = h->cache;
-    h->cache = pg->next;
-    h->ncache--;
+  } else if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
   } else {
@@ -249,7 +261,9 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
 }
 
 /* The owner freed a block of a parked (full) page, or the last block of a page. A parked page returns to the
- * class list; an empty page goes back to the arena (or the page cache) unless it is the class's only page. */
+ * class list; an empty page goes to the page cache or back to the arena, unless it is the only page of a
+ * one-slot class (kept: a malloc/free loop must not thrash). Empty multi-slot pages always leave, so that
+ * at most a 64 KiB page per small class stays with an idle thread. */
 void mld_page_retire(heap_t *h, page_t *pg) {
   unsigned c = pg->size_class;
   if (pg->in_full) {
@@ -258,7 +272,7 @@ void mld_page_retire(heap_t *h, page_t *pg) {
     list_push_tail(&h->avail[c], pg);
     if (pg->used) { set_current(h, c); return; }
   }
-  if (h->avail[c].head == pg && !pg->next) return;
+  if (h->avail[c].head == pg && !pg->next && pg->slot_count == 1) return;
   list_remove(&h->avail[c], pg);
   set_current(h, c);
   page_release_or_cache(h, pg);

@@ -125,8 +125,8 @@ typedef struct heap_s {
   pthread_t thread;
   bool live;
   bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
-  page_t *cache;                         /* empty one-slot pages kept for reuse (at most opt.page_cache) */
-  unsigned ncache;
+  page_t *cache;                         /* empty pages kept for reuse */
+  unsigned ncache;                       /* slots in the cache (at most opt.page_cache) */
   heap_stats_t stats;
 } heap_t;
 

@@ -133,6 +133,13 @@ static inline uint64_t mt_rng_next(mt_rng_t *r) {
 }
 static inline uint64_t mt_rng_below(mt_rng_t *r, uint64_t n) { return n ? mt_rng_next(r) % n : 0; }
 
+/* The same pointer, opaque to the compiler: lets a test look at a block after a realloc that must have failed
+ * without tripping -Wuse-after-free. */
+static inline void *mt_hide(void *p) {
+  __asm__ volatile("" : "+r"(p));
+  return p;
+}
+
 /* Byte pattern of a block: depends on its tag and the offset, so a block overwritten by another shows up. */
 static inline uint8_t mt_pat(uint64_t tag, size_t i) { return (uint8_t)((tag * 131u) ^ (i * 7u) ^ (i >> 8)); }
 static inline void mt_fill(void *p, size_t n, uint64_t tag) {

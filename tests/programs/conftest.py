@@ -1,0 +1,145 @@
+"""Fixtures of the real-program tests: run a program with LD_PRELOAD=libmallard.so and read Mallard's exit reports."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+BUILD = Path(os.environ.get("MALLARD_BUILD_DIR", str(REPO / "build")))
+LIB = BUILD / "lib" / "libmallard.so"
+REPORT_MARK = '{"mallard":'
+
+
+def find_system_python() -> str:
+    """Debian's python3 (the one libpython3.11-testsuite belongs to), else whatever python3 is on PATH."""
+    if Path("/usr/bin/python3").exists():
+        return "/usr/bin/python3"
+    found = shutil.which("python3")
+    assert found, "python3 is not installed"
+    return found
+
+
+def parse_reports(text: str) -> list[dict]:
+    """Every JSON exit report (`stats_print_opts:J`) found in a process tree's stderr, in order."""
+    decoder = json.JSONDecoder()
+    reports = []
+    pos = text.find(REPORT_MARK)
+    while pos >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            # Two processes exiting at once may interleave their reports; skip a torn one.
+            end = pos + len(REPORT_MARK)
+        else:
+            reports.append(obj["mallard"])
+        pos = text.find(REPORT_MARK, end)
+    return reports
+
+
+def mallocs(report: dict) -> int:
+    """Blocks a process took from Mallard: small and medium classes, large and huge blocks."""
+    st = report["stats"]
+    return sum(c["nmalloc"] for c in report["classes"]) + st["large"]["nmalloc"] + st["huge"]["nmalloc"]
+
+
+def without_reports(text: str) -> str:
+    """stderr with the JSON exit reports cut out (what the program itself wrote)."""
+    out, pos = [], 0
+    decoder = json.JSONDecoder()
+    start = text.find(REPORT_MARK)
+    while start >= 0:
+        out.append(text[pos:start])
+        try:
+            _, pos = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            pos = start + len(REPORT_MARK)
+        start = text.find(REPORT_MARK, pos)
+    out.append(text[pos:])
+    return "".join(out).strip()
+
+
+@dataclass
+class Result:
+    """A finished run: the process, and the exit reports of every process in its tree that printed one."""
+    proc: subprocess.CompletedProcess
+    reports: list[dict] = field(default_factory=list)
+
+    @property
+    def stdout(self) -> str:
+        return self.proc.stdout
+
+    @property
+    def stderr(self) -> str:
+        return without_reports(self.proc.stderr)
+
+    def assert_mallard_active(self, min_mallocs: int, min_reports: int = 1) -> dict:
+        """Mallard served this program: a report came back, with at least min_mallocs blocks in one process.
+
+        Returns the busiest process's report."""
+        assert len(self.reports) >= min_reports, (
+            f"expected at least {min_reports} Mallard exit report(s), got {len(self.reports)}; "
+            f"stderr: {self.proc.stderr[-2000:]}")
+        for r in self.reports:
+            # A foreign pointer in free() would mean some allocation bypassed the preloaded library.
+            assert r["stats"]["invalid_frees"] == 0, f"invalid frees reported: {r['stats']}"
+        busiest = max(self.reports, key=mallocs)
+        assert mallocs(busiest) >= min_mallocs, f"only {mallocs(busiest)} blocks from Mallard: {busiest['stats']}"
+        return busiest
+
+
+class Preload:
+    """Runs commands with LD_PRELOAD=libmallard.so and a clean Mallard configuration."""
+
+    lib = LIB
+
+    def env(self, stats: bool = False, extra: dict | None = None, preload: bool = True) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLARD_CONF")}
+        # Keep a machine-wide /etc/mallard.conf out of the tests.
+        env["MALLARD_CONF_PATH"] = "/nonexistent/mallard.conf"
+        if preload:
+            env["LD_PRELOAD"] = str(LIB)
+        if stats:
+            # JSON report without the per-arena table: size classes stay, for the block counts.
+            env["MALLARD_CONF"] = "stats_print:true,stats_print_opts:Ja"
+        if extra:
+            env.update(extra)
+        return env
+
+    def run(self, cmd: list[str], *, stats: bool = True, extra_env: dict | None = None, check: bool = True,
+            timeout: float = 120, **kw) -> Result:
+        """Run cmd under Mallard; with check, a failure is shown beside the same command without Mallard."""
+        if "input" not in kw:
+            kw.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.run(cmd, env=self.env(stats, extra_env), capture_output=True, text=True,
+                              timeout=timeout, **kw)
+        if check and proc.returncode != 0:
+            base = subprocess.run(cmd, env=self.env(False, extra_env, preload=False), capture_output=True,
+                                  text=True, timeout=timeout, **kw)
+            pytest.fail(f"{cmd!r} failed under Mallard (rc {proc.returncode}); without Mallard rc "
+                        f"{base.returncode}.\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n"
+                        f"{without_reports(proc.stderr)[-3000:]}")
+        return Result(proc, parse_reports(proc.stderr) if stats else [])
+
+
+@pytest.fixture(scope="session")
+def preload() -> Preload:
+    assert LIB.exists(), f"build Mallard first: {LIB} is missing (MALLARD_BUILD_DIR={BUILD})"
+    return Preload()
+
+
+@pytest.fixture(scope="session")
+def system_python() -> str:
+    return find_system_python()
+
+
+@pytest.fixture(scope="session")
+def programs_dir() -> Path:
+    """Sources of the small programs these tests compile or run."""
+    return HERE
