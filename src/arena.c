@@ -314,6 +314,7 @@ bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s) {
   if (!a) return false;
   mld_lock(&a->lock, &a->lock_stats);
   s->nthreads = a->nthreads;
+  s->nthreads_total = a->nthreads_total;
   s->nsegments = a->nsegments;
   s->dirty_bytes = (uint64_t)a->dirty_slots * MLD_SLOT_SIZE;
   s->purged_bytes = (uint64_t)a->purged_slots * MLD_SLOT_SIZE;

@@ -61,6 +61,7 @@ heap_t *mld_heap_get(void) {
   unsigned auto_arenas = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : n;
   h->arena = mld_arenas[next_arena++ % auto_arenas];   /* round-robin over the automatic arenas */
   h->arena->nthreads++;
+  h->arena->nthreads_total++;
   h->thread = pthread_self();
   h->live = true;
   h->next_all = mld_heaps_all;
@@ -79,6 +80,7 @@ bool mld_heap_bind_arena(heap_t *h, unsigned index) {
   h->arena->nthreads--;
   h->arena = a;
   a->nthreads++;
+  a->nthreads_total++;
   h->bound = true;
   pthread_mutex_unlock(&mld_heaps_mutex);
   return true;
@@ -197,6 +199,7 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
   } else if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
+    h->stats.cls[c].npages_cached++;
   } else {
     bool zero;
     pg = mld_arena_alloc_span(a, mld_opt.page_slots[c], &zero);

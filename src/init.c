@@ -7,6 +7,7 @@
 
 _Atomic(int) mld_initialized;            /* 0: not yet, 1: in progress, 2: ready */
 pthread_key_t mld_heap_key;
+uint64_t mld_start_ms;                   /* when the allocator was initialised */
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t init_thread;
 
@@ -55,6 +56,7 @@ void mld_init_slow(void) {
   pthread_mutex_lock(&init_lock);
   if (atomic_load(&mld_initialized) == 0) {
     init_thread = pthread_self();
+    mld_start_ms = mld_now_ms();
     atomic_store(&mld_initialized, 1);
     mld_size_classes_init();
 #ifdef MALLARD_SECURE

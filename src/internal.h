@@ -101,7 +101,8 @@ typedef struct class_stats_s {
   uint64_t nmalloc;                      /* blocks handed out by this heap */
   uint64_t nfree;                        /* blocks freed by this thread (local or remote) */
   uint64_t nrefills;                     /* slow-path refills of the allocation list */
-  uint64_t npages;                       /* pages taken for this class */
+  uint64_t npages;                       /* pages taken for this class (from the arena or the page cache) */
+  uint64_t npages_cached;                /* of those, pages reused from the thread's page cache */
   uint64_t npages_released;              /* empty pages given back to the arena */
 } class_stats_t;
 
@@ -138,6 +139,7 @@ typedef struct arena_s {
   lock_stats_t lock_stats;
   unsigned index;
   unsigned nthreads;                     /* heaps currently attached */
+  uint64_t nthreads_total;               /* heaps ever attached */
   segment_t *segments;                   /* normal segments of this arena */
   size_t nsegments;
   page_t *spans[MLD_USABLE_SLOTS + 1];   /* free spans by slot count; dirty ones first */
@@ -288,6 +290,7 @@ MLD_HIDDEN void mld_options_init(void);
 
 /* init.c */
 extern _Atomic(int) mld_initialized MLD_HIDDEN;
+extern uint64_t mld_start_ms MLD_HIDDEN;
 MLD_HIDDEN void mld_init_slow(void);
 static inline void mld_ensure_init(void) {
   if (unlikely(atomic_load_explicit(&mld_initialized, memory_order_acquire) != 2)) mld_init_slow();

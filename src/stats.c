@@ -85,6 +85,7 @@ static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs
           "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", atomic_load(&mld_narenas), mld_opt.dirty_decay_ms,
        mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
        mld_opt.huge_cache_max, mld_opt.page_cache);
+  outf(o, "\"uptime_ms\":%llu,\"ncpus\":%zu,\n", (unsigned long long)(mld_now_ms() - mld_start_ms), mld_ncpus());
   outf(o, "\"stats\":{\"allocated\":%llu,\"active\":%llu,\"resident\":%llu,\"mapped\":%llu,\"retained\":%llu,"
           "\"dirty\":%llu,\"metadata\":%llu,\"huge_cached\":%llu,\"invalid_frees\":%llu,\"remote_frees\":%llu,"
           "\"large\":{\"nmalloc\":%llu,\"nfree\":%llu},\"huge\":{\"nmalloc\":%llu,\"nfree\":%llu},"
@@ -101,10 +102,10 @@ static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs
   for (unsigned i = 0; i < n; i++) {
     arena_snapshot_t s;
     mld_arena_snapshot(i, &s);
-    outf(o, "%s\n{\"index\":%u,\"nthreads\":%u,\"segments\":%llu,\"dirty_bytes\":%llu,\"purged_bytes\":%llu,"
+    outf(o, "%s\n{\"index\":%u,\"nthreads\":%u,\"nthreads_total\":%llu,\"segments\":%llu,\"dirty_bytes\":%llu,\"purged_bytes\":%llu,"
             "\"large_active\":%llu,\"npurge_passes\":%llu,\"nmadvise\":%llu,\"purged_total\":%llu,"
             "\"mutex\":{\"ops\":%llu,\"contended\":%llu,\"wait_ns\":%llu}}",
-         i ? "," : "", i, s.nthreads, (unsigned long long)s.nsegments, (unsigned long long)s.dirty_bytes,
+         i ? "," : "", i, s.nthreads, (unsigned long long)s.nthreads_total, (unsigned long long)s.nsegments, (unsigned long long)s.dirty_bytes,
          (unsigned long long)s.purged_bytes, (unsigned long long)s.large_active, (unsigned long long)s.npurge_passes,
          (unsigned long long)s.nmadvise, (unsigned long long)s.purged_total, (unsigned long long)s.lock.ops,
          (unsigned long long)s.lock.contended, (unsigned long long)s.lock.wait_ns);
@@ -116,12 +117,13 @@ static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs
     if (!cs->nmalloc && !cs->npages) continue;
     size_t page_bytes = (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT;
     outf(o, "%s\n{\"class\":%u,\"size\":%u,\"page_bytes\":%zu,\"objs_per_page\":%zu,\"nmalloc\":%llu,\"nfree\":%llu,"
-            "\"nrequests\":%llu,\"curobjs\":%llu,\"nrefills\":%llu,\"npages\":%llu,\"npages_released\":%llu,"
-            "\"curpages\":%llu}",
+            "\"nrequests\":%llu,\"curobjs\":%llu,\"nrefills\":%llu,\"npages\":%llu,\"npages_cached\":%llu,"
+            "\"npages_released\":%llu,\"curpages\":%llu}",
          first ? "" : ",", c, mld_class_size[c], page_bytes, page_bytes / mld_class_size[c],
          (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree, (unsigned long long)cs->nmalloc,
          (unsigned long long)(cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0),
-         (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_released,
+         (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_cached,
+         (unsigned long long)cs->npages_released,
          (unsigned long long)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
     first = false;
   }

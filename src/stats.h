@@ -11,6 +11,7 @@ typedef struct global_stats_s {
 
 typedef struct arena_snapshot_s {
   unsigned nthreads;
+  uint64_t nthreads_total;
   uint64_t nsegments, dirty_bytes, purged_bytes, large_active, npurge_passes, nmadvise, purged_total;
   lock_stats_t lock;
 } arena_snapshot_t;

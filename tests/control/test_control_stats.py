@@ -8,10 +8,10 @@ from conftest import parse_opts  # noqa: F401  (shared helpers live in conftest)
 TOP = {"version": str, "options": dict, "stats": dict, "arenas": list, "classes": list}
 STATS = ["allocated", "active", "resident", "mapped", "retained", "dirty", "metadata", "huge_cached",
          "invalid_frees", "remote_frees"]
-ARENA = ["index", "nthreads", "segments", "dirty_bytes", "purged_bytes", "large_active", "npurge_passes", "nmadvise",
+ARENA = ["index", "nthreads", "nthreads_total", "segments", "dirty_bytes", "purged_bytes", "large_active", "npurge_passes", "nmadvise",
          "purged_total"]
 CLASS = ["class", "size", "page_bytes", "objs_per_page", "nmalloc", "nfree", "nrequests", "curobjs", "nrefills",
-         "npages", "npages_released", "curpages"]
+         "npages", "npages_cached", "npages_released", "curpages"]
 
 
 def check_schema(doc):
@@ -20,6 +20,7 @@ def check_schema(doc):
         assert isinstance(m[k], t), k
     for k in STATS:
         assert isinstance(m["stats"][k], int) and m["stats"][k] >= 0, k
+    assert isinstance(m["uptime_ms"], int) and m["ncpus"] >= 1
     for k in ("large", "huge"):
         assert set(m["stats"][k]) == {"nmalloc", "nfree"}
     assert isinstance(m["stats"]["background_thread"]["running"], bool)

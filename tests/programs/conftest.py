@@ -49,6 +49,10 @@ def mallocs(report: dict) -> int:
     return sum(c["nmalloc"] for c in report["classes"]) + st["large"]["nmalloc"] + st["huge"]["nmalloc"]
 
 
+def as_text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
 def without_reports(text: str) -> str:
     """stderr with the JSON exit reports cut out (what the program itself wrote)."""
     out, pos = [], 0
@@ -72,26 +76,28 @@ class Result:
     reports: list[dict] = field(default_factory=list)
 
     @property
-    def stdout(self) -> str:
+    def stdout(self):
         return self.proc.stdout
 
     @property
     def stderr(self) -> str:
-        return without_reports(self.proc.stderr)
+        return without_reports(as_text(self.proc.stderr))
 
     def assert_mallard_active(self, min_mallocs: int, min_reports: int = 1) -> dict:
-        """Mallard served this program: a report came back, with at least min_mallocs blocks in one process.
+        """Mallard served this program: see check_reports. Returns the busiest process's report."""
+        return check_reports(self.reports, min_mallocs, min_reports, self.proc.stderr)
 
-        Returns the busiest process's report."""
-        assert len(self.reports) >= min_reports, (
-            f"expected at least {min_reports} Mallard exit report(s), got {len(self.reports)}; "
-            f"stderr: {self.proc.stderr[-2000:]}")
-        for r in self.reports:
-            # A foreign pointer in free() would mean some allocation bypassed the preloaded library.
-            assert r["stats"]["invalid_frees"] == 0, f"invalid frees reported: {r['stats']}"
-        busiest = max(self.reports, key=mallocs)
-        assert mallocs(busiest) >= min_mallocs, f"only {mallocs(busiest)} blocks from Mallard: {busiest['stats']}"
-        return busiest
+
+def check_reports(reports: list[dict], min_mallocs: int, min_reports: int = 1, stderr="") -> dict:
+    """At least min_reports exit reports, none with a foreign pointer freed, one process with min_mallocs blocks."""
+    assert len(reports) >= min_reports, (
+        f"expected at least {min_reports} Mallard exit report(s), got {len(reports)}; stderr: {stderr[-2000:]}")
+    for r in reports:
+        # A foreign pointer in free() would mean some allocation bypassed the preloaded library.
+        assert r["stats"]["invalid_frees"] == 0, f"invalid frees reported: {r['stats']}"
+    busiest = max(reports, key=mallocs)
+    assert mallocs(busiest) >= min_mallocs, f"only {mallocs(busiest)} blocks from Mallard: {busiest['stats']}"
+    return busiest
 
 
 class Preload:
@@ -113,19 +119,23 @@ class Preload:
         return env
 
     def run(self, cmd: list[str], *, stats: bool = True, extra_env: dict | None = None, check: bool = True,
-            timeout: float = 120, **kw) -> Result:
+            timeout: float = 120, text: bool = True, **kw) -> Result:
         """Run cmd under Mallard; with check, a failure is shown beside the same command without Mallard."""
+        __tracebackhide__ = True
         if "input" not in kw:
             kw.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.run(cmd, env=self.env(stats, extra_env), capture_output=True, text=True,
+        proc = subprocess.run(cmd, env=self.env(stats, extra_env), capture_output=True, text=text,
                               timeout=timeout, **kw)
         if check and proc.returncode != 0:
             base = subprocess.run(cmd, env=self.env(False, extra_env, preload=False), capture_output=True,
-                                  text=True, timeout=timeout, **kw)
+                                  text=text, timeout=timeout, **kw)
             pytest.fail(f"{cmd!r} failed under Mallard (rc {proc.returncode}); without Mallard rc "
-                        f"{base.returncode}.\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n"
-                        f"{without_reports(proc.stderr)[-3000:]}")
-        return Result(proc, parse_reports(proc.stderr) if stats else [])
+                        f"{base.returncode}.\n--- stdout ---\n{as_text(proc.stdout)[-3000:]}\n--- stderr ---\n"
+                        f"{without_reports(as_text(proc.stderr))[-3000:]}")
+        return Result(proc, parse_reports(as_text(proc.stderr)) if stats else [])
+
+    check_reports = staticmethod(check_reports)
+    parse_reports = staticmethod(parse_reports)
 
 
 @pytest.fixture(scope="session")

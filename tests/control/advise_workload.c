@@ -1,0 +1,82 @@
+/* advise_workload.c — workloads built to trigger each tuning advice; each ends by writing a JSON statistics dump. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "mallard.h"
+
+static void write_file(void *opaque, const char *s) { fputs(s, (FILE *)opaque); }
+
+/* Many threads on one arena, all taking and returning large blocks: the arena lock is contended. */
+static void *contend(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000; i++) {
+    void *p = mallard_malloc((size_t)(300 + (i % 7) * 100) * 1024);
+    mallard_free(p);
+  }
+  return NULL;
+}
+
+/* Medium blocks allocated and freed in bursts: pages of few objects are taken and returned over and over. */
+static void refills(void) {
+  void *ps[64];
+  for (int r = 0; r < 20000; r++) {
+    for (int i = 0; i < 20; i++) ps[i] = mallard_malloc(100 * 1024);
+    for (int i = 0; i < 20; i++) mallard_free(ps[i]);
+  }
+}
+
+/* Lots of memory freed just now, with a long decay and no purging thread: dirty memory waits. */
+static void dirty(void) {
+  enum { N = 600 };
+  void *ps[N];
+  for (int i = 0; i < N; i++) { ps[i] = mallard_malloc(1 << 20); memset(ps[i], 1, 1 << 20); }
+  for (int i = 0; i < N; i++) mallard_free(ps[i]);
+}
+
+/* Threads that each keep a few tiny blocks: the working set is far smaller than the metadata. */
+static void *tiny(void *arg) {
+  void **keep = arg;
+  *keep = mallard_malloc(16);
+  return NULL;
+}
+
+/* A healthy program: a moderate working set reused in place. */
+static void healthy(void) {
+  void *ps[2000];
+  for (int i = 0; i < 2000; i++) ps[i] = mallard_malloc((size_t)(16 + (i % 64) * 16));
+  for (int r = 0; r < 200; r++)
+    for (int i = 0; i < 2000; i++) { mallard_free(ps[i]); ps[i] = mallard_malloc((size_t)(16 + ((i + r) % 64) * 16)); }
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) { fprintf(stderr, "usage: advise_workload contention|refills|dirty|metadata|healthy OUT.json\n"); return 2; }
+  const char *w = argv[1];
+  if (!strcmp(w, "contention")) {
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++) pthread_create(&t[i], NULL, contend, NULL);
+    for (int i = 0; i < 8; i++) pthread_join(t[i], NULL);
+  } else if (!strcmp(w, "refills")) {
+    refills();
+  } else if (!strcmp(w, "dirty")) {
+    dirty();
+  } else if (!strcmp(w, "metadata")) {
+    static void *keep[200];
+    for (int i = 0; i < 200; i++) {
+      pthread_t t;
+      pthread_create(&t, NULL, tiny, &keep[i]);
+      pthread_join(t, NULL);
+    }
+  } else if (!strcmp(w, "healthy")) {
+    healthy();
+  } else {
+    fprintf(stderr, "unknown workload %s\n", w);
+    return 2;
+  }
+  FILE *f = fopen(argv[2], "w");
+  if (!f) { perror(argv[2]); return 1; }
+  mallard_stats_print(write_file, f, "J");
+  fclose(f);
+  return 0;
+}

@@ -1,0 +1,145 @@
+"""Tuning advice from a Mallard statistics dump (mallard_stats_print with "J"): each finding with its numbers."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+MiB = 1024 * 1024
+SLOT = 64 * 1024
+MAX_SLOTS = 16
+
+
+@dataclass
+class Advice:
+    kind: str                 # contention, refills, dirty, retained, metadata, ok
+    title: str
+    evidence: list[str] = field(default_factory=list)
+    conf: str | None = None   # the MALLARD_CONF line to try
+    note: str | None = None
+
+
+class BadDump(ValueError):
+    """The file is not a Mallard JSON statistics dump."""
+
+
+def load(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise BadDump(f"cannot read {path}: {e.strerror}") from None
+    # A dump written at exit may follow other output: take the last {"mallard": ...} document.
+    start = text.rfind('{"mallard"')
+    if start < 0:
+        raise BadDump(f"{path}: no Mallard statistics found (expected JSON from mallard_stats_print with opts \"J\", "
+                      "e.g. MALLARD_CONF=stats_print:true,stats_print_opts:J)")
+    try:
+        doc = json.loads(text[start:])
+    except json.JSONDecodeError as e:
+        raise BadDump(f"{path}: malformed statistics JSON: {e}") from None
+    m = doc.get("mallard") if isinstance(doc, dict) else None
+    if not isinstance(m, dict) or not all(k in m for k in ("stats", "arenas", "classes", "options")):
+        raise BadDump(f"{path}: not a Mallard statistics dump (missing stats/arenas/classes/options)")
+    return m
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.1f} MiB"
+
+
+def _conf(opts: dict, **changes) -> str:
+    items = {**changes}
+    return "MALLARD_CONF=" + ",".join(f"{k}:{v}" for k, v in items.items())
+
+
+def advise(m: dict) -> list[Advice]:
+    """Read a dump and return the advice, most important first; a single 'ok' item when nothing needs changing."""
+    out: list[Advice] = []
+    stats, opts = m["stats"], m["options"]
+    uptime_ms = max(1, int(m.get("uptime_ms", 0)))
+    narenas = int(opts.get("narenas", len(m["arenas"])))
+    ncpus = int(m.get("ncpus", narenas or 1))
+
+    # 1. Arena lock contention with several threads per arena.
+    hot = []
+    for a in m["arenas"]:
+        mu = a.get("mutex", {})
+        ops, cont, wait = mu.get("ops", 0), mu.get("contended", 0), mu.get("wait_ns", 0)
+        threads = max(a.get("nthreads_total", 0), a.get("nthreads", 0))
+        share = wait / (uptime_ms * 1e6)
+        if threads >= 2 and cont >= 50 and (share >= 0.05 or cont >= 0.01 * ops):
+            hot.append((a, threads, ops, cont, wait, share))
+    if hot:
+        want = min(64, max(narenas * 2, ncpus * 2, 2))
+        ev = [f"arena {a['index']}: {threads} threads used it; {cont} of {ops} lock acquisitions waited "
+              f"({100 * cont / max(ops, 1):.2f}%), {wait / 1e6:.1f} ms spent waiting (summed over threads) = "
+              f"{100 * share:.0f}% of the {uptime_ms} ms run" for a, threads, ops, cont, wait, share in hot]
+        out.append(Advice("contention", f"Threads contend for arena locks: spread them over more arenas "
+                                        f"({narenas} now)", ev, _conf(opts, narenas=want),
+                          "Or give a hot thread an arena of its own: mallard_ctl(\"arenas.create\", ...) then "
+                          "mallard_ctl(\"thread.arena\", NULL, NULL, &idx, sizeof idx)."))
+
+    # 2. Size classes whose pages are taken from the arena and given back over and over.
+    churn = []
+    for c in m["classes"]:
+        from_arena = c.get("npages", 0) - c.get("npages_cached", 0)
+        nmalloc, per_page = c.get("nmalloc", 0), max(1, c.get("objs_per_page", 1))
+        if from_arena >= 100 and nmalloc / from_arena < 4 * per_page:
+            churn.append((c, from_arena))
+    if churn:
+        parts, ev, cache = [], [], int(opts.get("page_cache", 4))
+        for c, from_arena in churn:
+            slots = max(1, c["page_bytes"] // SLOT)
+            new = min(MAX_SLOTS, slots * 2)
+            ev.append(f"class {c['size']} B: {from_arena} pages taken from the arena for {c['nmalloc']} allocations "
+                      f"({c['nmalloc'] / from_arena:.1f} per page; a page holds {c['objs_per_page']}); "
+                      f"{c['npages_released']} pages given back; {c['nrefills']} refills")
+            if new > slots:
+                parts.append(f"{c['size']}-{c['size']}:{new}")
+            cache = max(cache, 4 * new)   # room for four pages of the class in each thread's cache
+        conf = "MALLARD_CONF=" + (f"slab_sizes:{'|'.join(parts)}," if parts else "") + f"page_cache:{min(64, cache)}"
+        out.append(Advice("refills", "Pages of some size classes go back and forth between threads and the arena: "
+                                     "use larger pages for them and a larger per-thread page cache", ev, conf))
+
+    # 3. Free memory waiting to be purged.
+    dirty, resident = stats.get("dirty", 0), max(1, stats.get("resident", 0))
+    decay = int(opts.get("dirty_decay_ms", 1000))
+    if dirty >= 64 * MiB or (dirty >= 8 * MiB and dirty >= 0.25 * resident):
+        ev = [f"{_mib(dirty)} free but not yet returned to the OS ({100 * dirty / resident:.0f}% of the "
+              f"{_mib(resident)} resident estimate)", f"dirty_decay_ms is {decay}; purging thread "
+              f"{'on' if opts.get('background_thread') else 'off'}"]
+        changes = {"dirty_decay_ms": max(100, min(decay // 4, 1000)) if decay > 0 else 1000}
+        if not opts.get("background_thread"):
+            changes["background_thread"] = "true"
+        out.append(Advice("dirty", "Much freed memory stays resident: purge sooner", ev, _conf(opts, **changes)))
+    retained = stats.get("retained", 0)
+    if opts.get("retain") and retained >= 1024 * MiB:
+        out.append(Advice("retained", "Large address-space retention", [f"{_mib(retained)} mapped but purged"],
+                          _conf(opts, retain="false")))
+
+    # 4. Tiny working set, large metadata.
+    alloc, meta = stats.get("allocated", 0), stats.get("metadata", 0)
+    if alloc > 0 and meta >= 256 * 1024 and meta > 2 * alloc:   # a live working set far below the overhead
+        threads = sum(max(a.get("nthreads_total", 0), a.get("nthreads", 0)) for a in m["arenas"])
+        ev = [f"metadata {_mib(meta)} exceeds the {_mib(alloc)} in live blocks ({meta / max(alloc, 1):.1f}x)",
+              f"{len(m['arenas'])} arenas, {threads} threads seen"]
+        out.append(Advice("metadata", "The working set is tiny next to the allocator's own overhead: use fewer "
+                                      "arenas and no page cache", ev, _conf(opts, narenas=1, page_cache=0)))
+
+    if not out:
+        ev = [f"allocated {_mib(alloc)}, resident {_mib(resident)}, dirty {_mib(dirty)}, metadata {_mib(meta)}",
+              f"{len(m['arenas'])} arena(s), no contended locks worth acting on, no size class churning pages"]
+        out.append(Advice("ok", "Nothing to change: this program is well served by the current settings", ev))
+    return out
+
+
+def render(advice: list[Advice]) -> str:
+    lines = []
+    for i, a in enumerate(advice, 1):
+        lines.append(f"{i}. {a.title}")
+        lines.extend(f"   - {e}" for e in a.evidence)
+        if a.conf:
+            lines.append(f"   try: {a.conf}")
+        if a.note:
+            lines.append(f"   {a.note}")
+    return "\n".join(lines)
