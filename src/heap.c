@@ -192,11 +192,19 @@ void mld_heap_collect(heap_t *h, bool force) {
 
 static page_t *heap_new_page(heap_t *h, unsigned c) {
   arena_t *a = h->arena;
-  page_t *pg = mld_arena_adopt(a, c, h);
-  if (pg) {
+  page_t *pg;
+  /* Abandoned pages first. One may be full (all its blocks still live): it joins our full list. */
+  while ((pg = mld_arena_adopt(a, c, h)) != NULL) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
-  } else if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
+    if (pg->free || mld_page_extend(pg)) {
+      list_push_head(&h->avail[c], pg);
+      return pg;
+    }
+    pg->in_full = 1;
+    list_push_tail(&h->full[c], pg);
+  }
+  if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
     h->stats.cls[c].npages_cached++;

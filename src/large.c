@@ -17,6 +17,7 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 /* ---- large: spans of 64 KiB slots ---- */
 void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;   /* slot starts are 64 KiB aligned */
+  if (size == 0) size = 1;   /* the aligned pointer must still lie inside the span */
   if (size > MLD_LARGE_MAX || size + extra > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
     return mld_huge_alloc(h, size, align, zero);
   size_t slots = (size + extra + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
@@ -61,9 +62,8 @@ bool mld_large_resize_in_place(page_t *pg, size_t size) {
 }
 
 /* ---- huge: one mapping per block, 4 MiB aligned, with a segment header in front ---- */
-static size_t huge_offset(size_t align) {
-  return align <= MLD_HUGE_HEADER ? MLD_HUGE_HEADER : round_up(MLD_HUGE_HEADER, align);
-}
+/* Where the user pointer starts in a huge mapping: after the header, at a multiple of the alignment. */
+static size_t huge_offset(size_t align) { return round_up(MLD_HUGE_HEADER, align); }
 
 static segment_t *huge_cache_take(size_t need) {
   if (!atomic_load_explicit(&mld_huge_cached, memory_order_relaxed)) return NULL;

@@ -29,7 +29,7 @@ class Server:
             self.proc = subprocess.Popen(cmd, env=preload.env(stats=True), stdout=out, stderr=err,
                                          stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
-        while self.cli("PING", check=False).stdout.strip() != "PONG":
+        while self.cli("PING", check=False, text=True).stdout.strip() != "PONG":
             assert self.proc.poll() is None, f"redis-server exited: {self.log()}"
             assert time.monotonic() < deadline, f"redis-server did not answer: {self.log()}"
             time.sleep(0.05)

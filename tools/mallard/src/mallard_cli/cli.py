@@ -239,12 +239,19 @@ def print_profile(s: dict, v: list[str], run: pf.ProfileRun, args) -> None:
     w = out.print
     w(f"[bold]mallard profile[/]: {' '.join(args.command)}  (exit status {run.returncode}, {run.wall_s:.3f} s)")
     if s["processes"] > 1:
-        t = Table(title=f"{s['processes']} process records (one per process image)", title_justify="left")
-        for c in ("pid", "ppid", "ended by", "calls", "calls/s", "threads", "peak live", "command"):
-            t.add_column(c, justify="right" if c not in ("ended by", "command") else "left")
-        for p in s["per_process"]:
+        procs = sorted(s["per_process"], key=lambda p: -p["calls"])
+        shown = procs[: args.top]
+        t = Table(title=f"{s['processes']} process records (one per process image), busiest first",
+                  title_justify="left")
+        for c in ("pid", "ppid", "ended by", "calls", "calls/s", "threads", "peak live"):
+            t.add_column(c, justify="left" if c == "ended by" else "right", no_wrap=True)
+        t.add_column("command", no_wrap=True, overflow="ellipsis", max_width=48)
+        for p in shown:
             t.add_row(str(p["pid"]), str(p["ppid"]), p["ended_by"], f"{p['calls']:,}", fmt_rate(p["calls_per_s"]),
-                      str(p["threads"]), pi.fmt_bytes(p["peak_live_bytes"]), p["cmdline"][:60])
+                      str(p["threads"]), pi.fmt_bytes(p["peak_live_bytes"]), escape(p["cmdline"]))
+        if len(procs) > len(shown):
+            rest = procs[len(shown):]
+            t.add_row("…", "", "", f"{sum(p['calls'] for p in rest):,}", "", "", "", f"{len(rest)} more processes")
         w(t)
     total = max(1, s["total_calls"])
     t = Table(title="Calls per function (all processes)", title_justify="left")
@@ -278,7 +285,9 @@ def print_profile(s: dict, v: list[str], run: pf.ProfileRun, args) -> None:
         t.add_row(rng, f"{r['calls']:,}", f"{share:.1%}", "█" * max(1, round(share * 40)))
     w(t)
     threads = s["busiest_threads"]
-    t = Table(title=f"Per-thread calls (PID {s['busiest_pid']}, {len(threads)} threads)", title_justify="left")
+    nt = len(threads)
+    t = Table(title=f"Per-thread calls (PID {s['busiest_pid']}, {nt} thread{'s' if nt != 1 else ''})",
+              title_justify="left")
     t.add_column("tid", justify="right")
     t.add_column("calls", justify="right")
     t.add_column("by function")

@@ -108,7 +108,9 @@ def which(pid: int) -> WhichResult:
     real = [(n, p) for n, p in found if n != "mallard-tracer"]
     if real:
         name, path = real[0]
-        how = f"{path} is mapped" + (" (loaded before libc, so it replaces malloc)" if preload and path in preload else "")
+        preloaded = {os.path.realpath(p) for p in re.split(r"[:\s]+", preload or "") if p}
+        how = f"{path} is mapped" + (" (preloaded with LD_PRELOAD, so it replaces malloc)"
+                                     if os.path.realpath(path) in preloaded else "")
         if len(real) > 1:
             how += "; also mapped: " + ", ".join(p for _, p in real[1:]) + " (the first one loaded wins)"
         return WhichResult(pid, name, [p for _, p in found], how, traced, exe, preload)
