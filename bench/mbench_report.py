@@ -11,7 +11,7 @@ FIGURE_UNITS = {
     "rss_flushed_kib": "KiB", "rss_after_threads_kib": "KiB", "rss_with_survivors_kib": "KiB",
     "rss_all_freed_kib": "KiB", "rss_after_wait_kib": "KiB", "virt_alloc_per_thread_kib": "KiB",
     "rss_alloc_per_thread_kib": "KiB", "data_alloc_per_thread_kib": "KiB", "lifo_s": "s", "fifo_s": "s",
-    "random_s": "s", "list_s": "s",
+    "random_s": "s", "list_s": "s", "misaligned": "blocks",
 }
 
 
@@ -205,6 +205,7 @@ def markdown(raw: dict, summary: dict) -> str:
                              f"{r['rss']:.3f} (n={r['rss_n']})" if r["rss"] else "–"])
         out += [_table(["variant", "peer", "time ratio", "peak RSS ratio"], rows), ""]
 
+    out += _targets(raw, summary)
     out += ["## Workload figures (medians)", ""]
     rows = []
     for cid, cl in summary["cells"].items():
@@ -252,8 +253,8 @@ def markdown(raw: dict, summary: dict) -> str:
                 continue
             rows.append([a] + [f"{_fmt(v[k]['median'])} ({_fmt(v[k]['min'])}–{_fmt(v[k]['max'])})"
                                if v.get(k) else "–" for k in keys])
-        out += [_table(["allocator"] + [k.replace("ns_pair_", "").replace("ns_", "") + (" B" if k[-1].isdigit()
-                                                                                      else "") for k in keys], rows), ""]
+        out += [_table(["allocator"] + [k.replace("ns_pair_", "").replace("ns_remote_free", "remote free") +
+                                                   (" B" if k[-1].isdigit() else "") for k in keys], rows), ""]
     cg = raw.get("callgrind")
     if cg and "error" not in cg:
         sizes = sorted({s for v in cg.values() for s in v}, key=int)
@@ -270,13 +271,17 @@ def markdown(raw: dict, summary: dict) -> str:
         out += [f"## Where {mname} is behind the best peer", ""]
         if not rows:
             out += [f"{mname} is at or ahead of the best peer in every cell it completed.", ""]
-        else:
-            out += [f"Generated from the table above: every cell where {mname}'s median exceeds the best peer's, "
-                    "worst first; ✗ marks cells beyond the brief's limit of 1.25× the best peer for time.", ""]
-            out += [_table(["cell", "metric", "ratio", "best peer", "what the workload stresses"],
-                           [[r["cell"], "time" if r["metric"] == "wall" else "peak RSS",
-                             f"{r['ratio']:.2f}" + (" ✗" if r["metric"] == "wall" and r["ratio"] > 1.25 else ""),
-                             r["best_peer"], r["stresses"]] for r in rows]), ""]
+        for metric, label in (("wall", "Time"), ("rss", "Peak RSS")):
+            sel = [r for r in rows if r["metric"] == metric]
+            if not sel:
+                continue
+            out += [f"### {label}", "",
+                    f"Generated from the tables above: every cell where {mname}'s median exceeds the best peer's, "
+                    "worst first" + ("; ✗ marks cells beyond the brief's limit of 1.25× the best peer."
+                                     if metric == "wall" else "."), ""]
+            out += [_table(["cell", "ratio", "best peer", "what the workload stresses"],
+                           [[r["cell"], f"{r['ratio']:.2f}" + (" ✗" if metric == "wall" and r["ratio"] > 1.25 else ""),
+                             r["best_peer"], r["stresses"]] for r in sel]), ""]
     if summary["defects"]:
         out += ["## Defects observed", "", "Runs that completed but returned wrong blocks; their times are listed "
                 "above all the same.", ""]
@@ -289,6 +294,65 @@ def markdown(raw: dict, summary: dict) -> str:
                          f["error"].replace("|", "\\|").replace("\n", " ")[:200], f"`{f['repro']}`"]
                         for f in summary["failures"]]), ""]
     return "\n".join(out)
+
+
+def _targets(raw: dict, summary: dict) -> list:
+    """The brief's numbers to beat (DESIGN.md §4), checked against this run for each Mallard variant."""
+    out = []
+    for m in [a for a in raw["allocators"] if a.startswith("mallard")]:
+        rows = []
+        pw = summary["pairwise"].get(m, {})
+
+        def verdict(ok):
+            return "met" if ok else "**not met**"
+
+        for peer, limit in (("mimalloc", 0.95), ("jemalloc", 0.9), ("tcmalloc", 0.9)):
+            r = pw.get(peer, {}).get("wall")
+            if r:
+                rows.append([f"time vs {peer} (geometric mean)", f"≤ {limit}", f"{r:.3f}", verdict(r <= limit)])
+        timed = [(cid, cl["per"][m]["wall"].get("ratio")) for cid, cl in summary["cells"].items()
+                 if cl["timed"] and cl["per"][m]["ok"]]
+        worst = max(timed, key=lambda x: x[1] or 0, default=None)
+        if worst and worst[1]:
+            over = [c for c, r in timed if r and r > 1.25]
+            rows.append(["no workload slower than 1.25× the best peer", "≤ 1.25",
+                         f"worst {worst[1]:.2f} ({worst[0]}); {len(over)} over", verdict(not over)])
+        failed = [cid for cid, cl in summary["cells"].items() if not cl["per"][m]["ok"]]
+        if failed:
+            rows.append(["every workload completes", "0 failures", ", ".join(failed), "**not met**"])
+        gm, gmi = summary["geomean"][m]["rss"], summary["geomean"].get("mimalloc", {}).get("rss")
+        if gm and gmi:
+            rows.append(["peak RSS geometric mean ≤ mimalloc's", f"≤ {gmi:.3f}", f"{gm:.3f}", verdict(gm <= gmi)])
+        v = summary["cells"].get("vmem/t10", {}).get("per", {}).get(m)
+        if v and v["ok"]:
+            x = v["figures"].get("virt_alloc_per_thread_kib")
+            rows.append(["VIRT per thread for one malloc(8)", "≤ 2048 KiB", f"{x:.0f} KiB", verdict(x <= 2048)])
+        f = summary["cells"].get("fragmentation/t1", {}).get("per", {}).get(m)
+        if f and f["ok"]:
+            st, w = f["figures"].get("rss_start_kib"), f["figures"].get("rss_after_wait_kib")
+            if st and w:
+                rows.append(["RSS after freeing all and waiting, vs start", "≤ 1.10×", f"{w / st:.2f}× "
+                             f"({w / 1024:.1f} vs {st / 1024:.1f} MiB)", verdict(w <= 1.1 * st)])
+        fp = summary["fastpath"]
+        if m in fp and "error" not in fp[m]:
+            worst_fp = None
+            for k, st in fp[m].items():
+                if not k.startswith("ns_pair_") or not st:
+                    continue
+                best = min((fp[p][k]["median"] for p in fp if not p.startswith("mallard") and "error" not in fp[p]
+                            and fp[p].get(k)), default=None)
+                if best:
+                    r = st["median"] / best
+                    if worst_fp is None or r > worst_fp[1]:
+                        worst_fp = (k, r)
+            if worst_fp:
+                rows.append(["fast path within 1.5× the best peer", "≤ 1.5×",
+                             f"worst {worst_fp[1]:.2f}× ({worst_fp[0].replace('ns_pair_', '')} B)",
+                             verdict(worst_fp[1] <= 1.5)])
+        if rows:
+            out += [f"## {m} against the brief's targets (DESIGN.md §4)", "",
+                    _table(["target", "limit", "this run", "verdict"], rows), ""]
+    return out
 
 
 def plots(raw: dict, summary: dict, out_dir: Path) -> list:
@@ -377,8 +441,16 @@ def performance_doc(raw: dict, summary: dict, md: str, out_dir: Path) -> str:
         "mismatch fails the run. Redis links jemalloc on Debian, so its glibc row preloads glibc's libc.so.6 to "
         "put glibc's malloc first. The Python reader runs with and without `PYTHONMALLOC=malloc`; the other "
         "Python workload uses `PYTHONMALLOC=malloc` so the allocator under test sees every object.",
-        "", f"Raw data and plots of this run: `{out_dir.relative_to(out_dir.parents[1]) if len(out_dir.parents) > 1 else out_dir}` "
+        "", f"Raw data and plots of this run: `{_where(out_dir)}` "
         "(results/ is not committed).", "", body])
+
+
+def _where(p: Path) -> str:
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        return str(p.resolve().relative_to(repo))
+    except ValueError:
+        return str(p)
 
 
 def console_summary(raw: dict, summary: dict) -> str:

@@ -100,11 +100,11 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                       stresses="the single-thread fast path: small objects freed LIFO, FIFO, at random, lists",
                       figures=("lifo_s", "fifo_s", "random_s", "list_s")))
     for t in tc:
-        cells.append(Cell("mixed", t, "c", ["-t", str(t), "-n", str(pick(2000, 60000, 150000) // t), "-s", "2000"],
+        cells.append(Cell("mixed", t, "c", ["-t", str(t), "-n", str(pick(2000, 60000, 300000) // t), "-s", "2000"],
                           stresses="size-class breadth and medium/large reuse (16 B-256 KiB, log-uniform)",
                           figures=("ops_per_s",)))
     for t in tc[:2]:
-        cells.append(Cell("realloc", t, "c", ["-t", str(t), "-n", str(max(1, pick(4, 200, 500) // t))],
+        cells.append(Cell("realloc", t, "c", ["-t", str(t), "-n", str(max(1, pick(4, 200, 1000) // t))],
                           stresses="realloc growth in place or by mremap, and shrinking",
                           figures=("ops_per_s",)))
     for t in tc[:2]:

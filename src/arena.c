@@ -21,6 +21,7 @@ void mld_lock(pthread_mutex_t *m, lock_stats_t *st) {
   if (pthread_mutex_trylock(m) != 0) {
     uint64_t t0 = now_ns();
     pthread_mutex_lock(m);
+    mld_tls_contended = true;
     st->contended++;
     st->wait_ns += now_ns() - t0;
   }

@@ -13,7 +13,8 @@ pthread_mutex_t mld_heaps_mutex = PTHREAD_MUTEX_INITIALIZER;
 heap_t *mld_heaps_all;                  /* live heaps (statistics, fork) */
 static heap_t *heaps_pool;              /* heap structs of exited threads, reused */
 heap_stats_t mld_dead_stats;            /* counters of exited threads, folded in when they exit */
-static unsigned next_arena;
+heap_stats_t mld_orphan_stats;          /* counters of frees by threads that never allocated */
+__thread bool mld_tls_contended __attribute__((tls_model("initial-exec")));   /* set when this thread waited for an arena lock */
 extern pthread_key_t mld_heap_key;
 
 /* ---- page lists ---- */
@@ -57,9 +58,9 @@ heap_t *mld_heap_get(void) {
   if (!h) { pthread_mutex_unlock(&mld_heaps_mutex); return NULL; }
   memset(h, 0, sizeof *h);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
-  unsigned n = atomic_load(&mld_narenas);
-  unsigned auto_arenas = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : n;
-  h->arena = mld_arenas[next_arena++ % auto_arenas];   /* round-robin over the automatic arenas */
+  /* Every thread starts on arena 0, so a quiet process shares its segments (no reservation per thread);
+   * a thread that waits for an arena lock moves on to the next automatic arena (mld_heap_arena). */
+  h->arena = mld_arenas[0];
   h->arena->nthreads++;
   h->arena->nthreads_total++;
   h->thread = pthread_self();
@@ -71,6 +72,26 @@ heap_t *mld_heap_get(void) {
   mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
   pthread_setspecific(mld_heap_key, h);
   return h;
+}
+
+/* The heap's arena for its next span. A thread whose last arena operation had to wait for the lock moves to
+ * the next automatic arena: threads spread over the arenas as contention appears, and only then. */
+arena_t *mld_heap_arena(heap_t *h) {
+  if (unlikely(mld_tls_contended)) {
+    mld_tls_contended = false;
+    unsigned n = atomic_load_explicit(&mld_narenas, memory_order_acquire);
+    unsigned autos = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : mld_auto_arenas;
+    if (!h->bound && autos > 1) {
+      arena_t *next = mld_arenas[(h->arena->index + 1) % autos];
+      pthread_mutex_lock(&mld_heaps_mutex);
+      h->arena->nthreads--;
+      h->arena = next;
+      next->nthreads++;
+      next->nthreads_total++;
+      pthread_mutex_unlock(&mld_heaps_mutex);
+    }
+  }
+  return h->arena;
 }
 
 bool mld_heap_bind_arena(heap_t *h, unsigned index) {
@@ -191,7 +212,7 @@ void mld_heap_collect(heap_t *h, bool force) {
 #define SWEEP_LIMIT 8    /* full pages checked for remote frees per refill: bounds the slow path */
 
 static page_t *heap_new_page(heap_t *h, unsigned c) {
-  arena_t *a = h->arena;
+  arena_t *a = mld_heap_arena(h);
   page_t *pg;
   /* Abandoned pages first. One may be full (all its blocks still live): it joins our full list. */
   while ((pg = mld_arena_adopt(a, c, h)) != NULL) {
@@ -310,10 +331,8 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
 #endif
       blk_set_next(pg, b, old);
     } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, b, memory_order_release, memory_order_relaxed));
-    if (h != &mld_heap_empty) {
-      h->stats.cls[pg->size_class].nfree++;
-      h->stats.remote_frees++;
-    }
+    MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
+    MLD_STAT_ADD(h, remote_frees, 1);
     return;
   }
   if (pg->kind == PAGE_LARGE && p == pg->user) {

@@ -8,6 +8,7 @@
 _Atomic(int) mld_initialized;            /* 0: not yet, 1: in progress, 2: ready */
 pthread_key_t mld_heap_key;
 uint64_t mld_start_ms;                   /* when the allocator was initialised */
+unsigned mld_auto_arenas;                /* arenas made at start-up; arenas.create adds others for binding */
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t init_thread;
 
@@ -67,6 +68,7 @@ void mld_init_slow(void) {
     size_t n = mld_opt.narenas ? mld_opt.narenas : mld_ncpus();
     if (n > MLD_MAX_ARENAS) n = MLD_MAX_ARENAS;
     for (size_t i = 0; i < n; i++) mld_arena_create();
+    mld_auto_arenas = (unsigned)n;
     pthread_key_create(&mld_heap_key, heap_destructor);
     atomic_store_explicit(&mld_initialized, 2, memory_order_release);
     /* These may allocate: the allocator is ready by now. */

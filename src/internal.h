@@ -257,9 +257,19 @@ MLD_HIDDEN void mld_heaps_lock(void);
 MLD_HIDDEN void mld_heaps_unlock(void);
 MLD_HIDDEN void mld_heaps_fork_child(void);
 MLD_HIDDEN bool mld_heap_bind_arena(heap_t *h, unsigned index);
+MLD_HIDDEN arena_t *mld_heap_arena(heap_t *h);
+extern __thread bool mld_tls_contended MLD_HIDDEN;
+extern unsigned mld_auto_arenas MLD_HIDDEN;
 extern pthread_mutex_t mld_heaps_mutex MLD_HIDDEN;
 extern heap_t *mld_heaps_all MLD_HIDDEN;
 extern heap_stats_t mld_dead_stats MLD_HIDDEN;
+extern heap_stats_t mld_orphan_stats MLD_HIDDEN;
+/* Count into the thread's heap, or (a thread that never allocated has none) atomically into a shared record. */
+#define MLD_STAT_ADD(h, field, n)                                                      \
+  do {                                                                                 \
+    if (likely((h) != &mld_heap_empty)) (h)->stats.field += (n);                       \
+    else __atomic_fetch_add(&mld_orphan_stats.field, (n), __ATOMIC_RELAXED);           \
+  } while (0)
 
 /* large.c */
 MLD_HIDDEN void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero);

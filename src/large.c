@@ -22,7 +22,7 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     return mld_huge_alloc(h, size, align, zero);
   size_t slots = (size + extra + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
   bool was_zero;
-  page_t *pg = mld_arena_alloc_span(h->arena, slots, &was_zero);
+  page_t *pg = mld_arena_alloc_span(mld_heap_arena(h), slots, &was_zero);
   if (!pg) { errno = ENOMEM; return NULL; }
   uint8_t *start = page_start(pg);
   uint8_t *p = (uint8_t *)round_up((uintptr_t)start, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
@@ -37,10 +37,8 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
 
 void mld_large_free(heap_t *h, page_t *pg, void *p) {
   (void)p;
-  if (h != &mld_heap_empty) {
-    h->stats.large_nfree++;
-    h->stats.large_bytes_free += pg->large_size;
-  }
+  MLD_STAT_ADD(h, large_nfree, 1);
+  MLD_STAT_ADD(h, large_bytes_free, pg->large_size);
   arena_t *a = segment_of(pg)->arena;
   __atomic_fetch_sub(&a->large_active, pg->large_size, __ATOMIC_RELAXED);
   mld_arena_free_span(a, pg);
@@ -115,7 +113,8 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   } else if (fresh) {
     mld_owner_set(seg, true);
   }
-  if (h != &mld_heap_empty) { h->stats.huge_nmalloc++; h->stats.huge_bytes_alloc += seg->user_size; }
+  MLD_STAT_ADD(h, huge_nmalloc, 1);
+  MLD_STAT_ADD(h, huge_bytes_alloc, seg->user_size);
   return seg->user;
 }
 
@@ -136,7 +135,8 @@ void *mld_big_aligned_find(const void *p, bool remove) {
 
 void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
   (void)p;
-  if (h != &mld_heap_empty) { h->stats.huge_nfree++; h->stats.huge_bytes_free += seg->user_size; }
+  MLD_STAT_ADD(h, huge_nfree, 1);
+  MLD_STAT_ADD(h, huge_bytes_free, seg->user_size);
   atomic_fetch_sub(&mld_huge_active, seg->map_size);
   bool owned = mld_owned(seg) && segment_of(seg->user) == seg;
   if (owned && mld_opt.dirty_decay_ms != 0 && seg->map_size <= mld_opt.huge_cache_max &&
@@ -194,7 +194,7 @@ void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size) {
   ns->user_size = need - off;
   if (need > old) atomic_fetch_add(&mld_huge_active, need - old);
   else atomic_fetch_sub(&mld_huge_active, old - need);
-  if (h != &mld_heap_empty) h->stats.huge_bytes_alloc += need > old ? need - old : 0;
+  MLD_STAT_ADD(h, huge_bytes_alloc, need > old ? need - old : 0);
   return ns->user;
 }
 

@@ -1,28 +1,20 @@
-"""Fixtures of the benchmark smoke test: the build's bin folder and the runner's modules (bench/run.py and friends)."""
-import importlib.util
+"""Fixtures of the benchmark smoke test: the runner module (bench/run.py) and the build's bin folder."""
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_runner():
-    spec = importlib.util.spec_from_file_location("mallard_bench_run", REPO / "bench" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["mallard_bench_run"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+_REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def runner():
-    return _load_runner()
+    # Loaded by test_bench_smoke.py at import time under this name.
+    return sys.modules["mallard_bench_run"]
 
 
 @pytest.fixture(scope="session")
 def bins():
-    build = Path(os.environ.get("MALLARD_BUILD_DIR", REPO / "build"))
+    build = Path(os.environ.get("MALLARD_BUILD_DIR", _REPO / "build"))
     return build / "bin"

@@ -3,6 +3,7 @@
 Never a timing assertion: the machine is noisy and small. The workloads must already be built
 (cmake --build build --target mallard-bench, part of the full build).
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _load_runner
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_runner():
+    """bench/run.py as a module (it is a script, not a package), under a name no other test uses."""
+    name = "mallard_bench_run"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "run.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
 
 run_mod = _load_runner()
 ALLOCATORS = [a for a in run_mod.alloc_mod.discover() if a.name in run_mod.PEERS + run_mod.MALLARD]

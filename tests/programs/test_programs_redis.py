@@ -38,6 +38,8 @@ class Server:
         return self.stdout_path.read_text(errors="replace")[-2000:] + self.stderr_path.read_text(errors="replace")
 
     def cli(self, *args, check=True, **kw) -> subprocess.CompletedProcess:
+        if "input" not in kw:
+            kw["stdin"] = subprocess.DEVNULL
         r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args], capture_output=True,
                            timeout=30, env=self.preload.env(), **kw)
         if check:

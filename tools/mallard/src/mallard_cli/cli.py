@@ -112,7 +112,14 @@ def cmd_list(args) -> int:
 
 # ---------------------------------------------------------------- run / env
 
+def default_allocator(args) -> None:
+    """Without -a: Mallard when it is built, else glibc's malloc."""
+    if args.allocator is None:
+        args.allocator = "mallard" if any(x.name == "mallard" for x in al.discover()) else "glibc"
+
+
 def cmd_run(args) -> int:
+    default_allocator(args)
     a = get_allocator(args.allocator)
     env = al.preload_env(a, conf=parse_conf(args.conf))
     if args.verbose:
@@ -127,9 +134,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_env(args) -> int:
-    if args.allocator is None:  # Mallard when it is built, else the default
-        allocs = al.discover()
-        args.allocator = "mallard" if any(x.name == "mallard" for x in allocs) else "glibc"
+    default_allocator(args)
     a = get_allocator(args.allocator)
     conf = parse_conf(args.conf)
     fmt = args.format
@@ -590,33 +595,37 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="allocators available on this machine")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
-    def alloc_opt(s, default=None):
+    def alloc_opt(s, default=None, default_text=None):
+        text = default_text or default
         s.add_argument("-a", "--allocator", metavar="NAME|PATH", default=default,
-                       help="allocator name (see `mallard list`) or path to a .so" +
-                            (f" (default {default})" if default else ""))
+                       help="allocator name (see `mallard list`) or path to a .so" + (f" (default {text})" if text else ""))
         s.add_argument("--conf", metavar="K:V,...", help="Mallard options, passed as MALLARD_CONF")
 
-    s = sub.add_parser("run", help="run a program with an allocator (LD_PRELOAD)")
-    alloc_opt(s, "glibc")
+    s = sub.add_parser("run", help="run a program with an allocator (LD_PRELOAD)",
+                       usage="mallard run [-a NAME|PATH] [--conf K:V,...] [-v] -- CMD [ARGS...]")
+    alloc_opt(s, default_text="mallard when built, else glibc")
     s.add_argument("-v", "--verbose", action="store_true", help="say which allocator is used (on stderr)")
 
     s = sub.add_parser("env", help="lines that enable an allocator in a shell, /etc/profile.d, a Dockerfile")
-    alloc_opt(s)
+    alloc_opt(s, default_text="mallard when built, else glibc")
     s.add_argument("--format", choices=["all", "shell", "profile.d", "dockerfile", "systemd"], default="all")
 
     s = sub.add_parser("which", help="which allocator a running process uses")
     s.add_argument("pid", metavar="PID")
     s.add_argument("--json", action="store_true")
 
-    s = sub.add_parser("profile", help="count a program's allocator calls with the interposing tracer")
-    alloc_opt(s)
+    s = sub.add_parser("profile", help="count a program's allocator calls with the interposing tracer",
+                       usage="mallard profile [-a NAME|PATH] [-o FILE.json] [--top N] [--overhead [-n N]] -- CMD [ARGS...]")
+    alloc_opt(s, default_text="whatever the program would use")
     s.add_argument("-o", "--output", metavar="FILE.json", help="write the full report (every process record) as JSON")
     s.add_argument("--top", type=int, default=10, help="rows in the size and thread tables (default 10)")
     s.add_argument("--overhead", action="store_true",
                    help="measure the tracer's overhead instead: runs with and without it, interleaved")
     s.add_argument("-n", type=int, default=5, help="rounds for --overhead (default 5)")
 
-    s = sub.add_parser("bench", help="compare allocators on a program: time, CPU, peak RSS")
+    s = sub.add_parser("bench", help="compare allocators on a program: time, CPU, peak RSS",
+                       usage="mallard bench [-a LIST] [-n N] [--warmup W] [--metric-from-output REGEX] [--plot FILE] "
+                             "[--json FILE] [--timeout S] -- CMD [ARGS...]")
     s.add_argument("-a", "--allocators", metavar="LIST", help="comma-separated names or paths (default: all found)")
     s.add_argument("-n", type=int, default=5, help="recorded rounds (default 5)")
     s.add_argument("--warmup", type=int, default=1, metavar="W", help="unrecorded warm-up rounds (default 1)")
@@ -636,7 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE", default="results/demo.png", help="(default results/demo.png)")
     s.add_argument("--json", metavar="FILE")
 
-    s = sub.add_parser("vmem", help="virtual and resident memory of a process, by kind")
+    s = sub.add_parser("vmem", help="virtual and resident memory of a process, by kind",
+                       usage="mallard vmem [options] PID  |  mallard vmem [-a NAME] [--ready REGEX | --delay S] "
+                             "[options] -- CMD [ARGS...]")
     s.add_argument("pid", metavar="PID", nargs="?")
     alloc_opt(s, "glibc")
     s.add_argument("--delay", type=float, default=1.0, help="with a command: seconds before sampling (default 1)")
