@@ -26,6 +26,19 @@ void *mallard_valloc(size_t size);
 void *mallard_pvalloc(size_t size);
 size_t mallard_usable_size(const void *p);
 
+/* The usable size malloc(size) would return (for sizing buffers to what they will really get). */
+size_t mallard_good_size(size_t size);
+
+/* jemalloc's non-standard API with Mallard's semantics (exported unprefixed too by libmallard.so, so that
+ * programs built against jemalloc keep working under LD_PRELOAD). flags: low 6 bits log2(alignment), 0x40 zero. */
+size_t mallard_nallocx(size_t size, int flags);
+void *mallard_mallocx(size_t size, int flags);
+void *mallard_rallocx(void *p, size_t size, int flags);
+size_t mallard_xallocx(void *p, size_t size, size_t extra, int flags);
+size_t mallard_sallocx(const void *p, int flags);
+void mallard_dallocx(void *p, int flags);
+void mallard_sdallocx(void *p, size_t size, int flags);
+
 /* True when p points into memory Mallard handed out (a cheap ownership check). */
 bool mallard_owns(const void *p);
 

@@ -103,17 +103,37 @@ static size_t usable_size(const void *p, const char *what) {
 static size_t size_round_page(size_t n) { return (n + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1); }
 
 /* An aligned block; align is a power of two. Small requests use a class whose size is a multiple of align. */
+/* The size class serving `size` bytes aligned to `align` (a power of two), or MLD_NUM_CLASSES when the
+ * request needs a large or huge block. */
+static unsigned class_for(size_t size, size_t align) {
+  if (size > MLD_MEDIUM_MAX - MLD_CANARY || align > MLD_SLOT_SIZE) return MLD_NUM_CLASSES;
+  size_t want = size + MLD_CANARY < align ? align : size + MLD_CANARY;
+  if (want > MLD_MEDIUM_MAX) return MLD_NUM_CLASSES;
+  unsigned c = mld_size_class(want);
+  while (c < MLD_NUM_CLASSES && (mld_class_size[c] & (align - 1))) c++;   /* page starts are slot aligned */
+  return c;
+}
+
 static void *alloc_aligned(size_t align, size_t size) {
   if (align <= MLD_MIN_ALIGN) return alloc(size);
-  if (size <= MLD_MEDIUM_MAX - MLD_CANARY && align <= MLD_SLOT_SIZE) {
-    size_t want = size + MLD_CANARY < align ? align : size + MLD_CANARY;
-    if (want <= MLD_MEDIUM_MAX) {
-      unsigned c = mld_size_class(want);
-      while (c < MLD_NUM_CLASSES && (mld_class_size[c] & (align - 1))) c++;   /* page starts are slot aligned */
-      if (c < MLD_NUM_CLASSES) return alloc_class(c);
-    }
-  }
+  unsigned c = class_for(size, align);
+  if (c < MLD_NUM_CLASSES) return alloc_class(c);
   return alloc_big(size, align, false);
+}
+
+static size_t round_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* The usable size a request would get (jemalloc's nallocx); 0 when it cannot be served. */
+static size_t good_size(size_t size, size_t align) {
+  if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
+  unsigned c = class_for(size, align);
+  if (c < MLD_NUM_CLASSES) return mld_class_size[c] - MLD_CANARY;
+  if (size > ((size_t)1 << 62)) return 0;
+  size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;
+  if (size <= MLD_LARGE_MAX && size + extra <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
+    return round_to(size + extra, MLD_SLOT_SIZE) - extra;
+  size_t off = round_to(MLD_HUGE_HEADER, align);
+  return round_to(off + size, MLD_OS_PAGE) - off;
 }
 
 static void *zalloc(size_t total) {
@@ -129,18 +149,23 @@ static void *reallocate(void *p, size_t size) {
   if (!p) return alloc(size);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
   segment_t *seg = segment_of(p);
-  size_t old;
+  size_t old, want = size;
   if (likely(mld_owned(seg))) {
     if (seg->kind == SEG_HUGE) {
       if (p != seg->user) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
       old = seg->user_size;
-#ifndef MALLARD_SECURE   /* the secure variant moves huge blocks: mremap would carry the guard page along */
+#ifndef MALLARD_SECURE
       if (size > MLD_LARGE_MAX) {
         void *q = mld_huge_realloc(mld_tls_heap, seg, p, size);
         if (q) return q;
         errno = ENOMEM;
         return NULL;
       }
+#else
+      /* The secure variant moves huge blocks (mremap would carry the guard page along): it resizes within the
+       * mapping when it can, and grows by half again when it must move, so that growth costs O(n) copying. */
+      if (size > MLD_LARGE_MAX && mld_huge_resize_within(seg, size)) return p;
+      if (size > old && size > MLD_LARGE_MAX) want = size + size / 2;
 #endif
     } else {
       page_t *pg = page_of(seg, p);
@@ -164,7 +189,7 @@ static void *reallocate(void *p, size_t size) {
     if (!s) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
     old = s->user_size;
   }
-  void *q = alloc(size);
+  void *q = alloc(want);
   if (!q) return NULL;   /* the old block stays valid, as the standard requires */
   memcpy(q, p, old < size ? old : size);
   dealloc(p);
@@ -224,6 +249,42 @@ MLD_EXPORT size_t mallard_usable_size(const void *p) { return p ? usable_size(p,
 MLD_EXPORT void mallard_free_sized(void *p, size_t size) { (void)size; dealloc(p); }
 MLD_EXPORT void mallard_free_aligned_sized(void *p, size_t align, size_t size) { (void)align; (void)size; dealloc(p); }
 
+MLD_EXPORT size_t mallard_good_size(size_t size) { return good_size(size, MLD_MIN_ALIGN); }
+
+/* ---- jemalloc's non-standard API, for programs built against jemalloc (redis calls nallocx and then writes
+ * up to the size it returns: it must describe Mallard's blocks, not jemalloc's). ---- */
+#define MLD_X_ALIGN(flags) ((flags) & 0x3f ? (size_t)1 << ((flags) & 0x3f) : (size_t)MLD_MIN_ALIGN)
+#define MLD_X_ZERO 0x40
+
+MLD_EXPORT size_t mallard_nallocx(size_t size, int flags) { return good_size(size ? size : 1, MLD_X_ALIGN(flags)); }
+
+MLD_EXPORT void *mallard_mallocx(size_t size, int flags) {
+  size_t align = MLD_X_ALIGN(flags);
+  void *p = alloc_aligned(align, size ? size : 1);
+  if (p && (flags & MLD_X_ZERO)) memset(p, 0, size);
+  return p;
+}
+
+MLD_EXPORT void *mallard_rallocx(void *p, size_t size, int flags) {
+  size_t align = MLD_X_ALIGN(flags);
+  size_t old = usable_size(p, "rallocx");
+  if (align <= MLD_MIN_ALIGN && !(flags & MLD_X_ZERO)) return reallocate(p, size ? size : 1);
+  void *q = mallard_mallocx(size, flags);
+  if (!q) return NULL;
+  memcpy(q, p, old < size ? old : size);
+  dealloc(p);
+  return q;
+}
+
+MLD_EXPORT size_t mallard_xallocx(void *p, size_t size, size_t extra, int flags) {
+  (void)size; (void)extra; (void)flags;
+  return usable_size(p, "xallocx");   /* never resized in place: the current usable size */
+}
+
+MLD_EXPORT size_t mallard_sallocx(const void *p, int flags) { (void)flags; return usable_size(p, "sallocx"); }
+MLD_EXPORT void mallard_dallocx(void *p, int flags) { (void)flags; dealloc(p); }
+MLD_EXPORT void mallard_sdallocx(void *p, size_t size, int flags) { (void)size; (void)flags; dealloc(p); }
+
 MLD_EXPORT bool mallard_owns(const void *p) {
   segment_t *seg = segment_of(p);
   if (!mld_owned(seg)) return p && mld_big_aligned_find(p, false) != NULL;
@@ -263,6 +324,13 @@ void *__libc_memalign(size_t align, size_t size) ALIAS(mallard_memalign);
 void *__libc_valloc(size_t size) ALIAS(mallard_valloc);
 void *__libc_pvalloc(size_t size) ALIAS(mallard_pvalloc);
 int __posix_memalign(void **out, size_t align, size_t size) ALIAS(mallard_posix_memalign);
+size_t nallocx(size_t size, int flags) ALIAS(mallard_nallocx);
+void *mallocx(size_t size, int flags) ALIAS(mallard_mallocx);
+void *rallocx(void *p, size_t size, int flags) ALIAS(mallard_rallocx);
+size_t xallocx(void *p, size_t size, size_t extra, int flags) ALIAS(mallard_xallocx);
+size_t sallocx(const void *p, int flags) ALIAS(mallard_sallocx);
+void dallocx(void *p, int flags) ALIAS(mallard_dallocx);
+void sdallocx(void *p, size_t size, int flags) ALIAS(mallard_sdallocx);
 
 /* glibc extensions some programs call: answered by Mallard so glibc's own (unused) heap is never consulted. */
 __attribute__((visibility("default"))) int malloc_trim(size_t pad) {

@@ -189,6 +189,7 @@ MLD_HIDDEN void mld_os_thp(void *p, size_t size, bool huge_block);
 MLD_HIDDEN void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align);
 MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_owner_set(const void *seg, bool on);
+MLD_HIDDEN void mld_os_name(void *p, size_t size, const char *name);
 MLD_HIDDEN uint64_t mld_now_ms(void);
 MLD_HIDDEN size_t mld_ncpus(void);
 MLD_HIDDEN uintptr_t mld_random_hint(void);
@@ -278,6 +279,7 @@ MLD_HIDDEN void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero)
 MLD_HIDDEN void mld_huge_free(heap_t *h, segment_t *seg, void *p);
 MLD_HIDDEN void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size);
 MLD_HIDDEN bool mld_large_resize_in_place(page_t *pg, size_t size);
+MLD_HIDDEN bool mld_huge_resize_within(segment_t *seg, size_t size);
 MLD_HIDDEN void *mld_big_aligned_find(const void *p, bool remove);
 MLD_HIDDEN size_t mld_huge_cache_purge(bool all);
 MLD_HIDDEN void mld_huge_fork_prepare(void);

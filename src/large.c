@@ -27,7 +27,9 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   uint8_t *start = page_start(pg);
   uint8_t *p = (uint8_t *)round_up((uintptr_t)start, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
   pg->user = p;
-  pg->large_size = (slots << MLD_SLOT_SHIFT) - (size_t)(p - start);
+  /* p - start <= extra: what is promised does not depend on where the aligned pointer landed (= nallocx). */
+  pg->large_size = (slots << MLD_SLOT_SHIFT) - extra;
+  (void)start;
   if (zero && !was_zero) memset(p, 0, size);
   h->stats.large_nmalloc++;
   h->stats.large_bytes_alloc += pg->large_size;
@@ -99,9 +101,10 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     fresh = true;
     if (guard) mprotect((uint8_t *)seg + need - guard, guard, PROT_NONE);
     if (mld_opt.thp) mld_os_thp(seg, need, true);
+    mld_os_name(seg, need, "mallard-huge");
   }
   seg->user = (uint8_t *)seg + off;
-  seg->user_size = seg->map_size - off - guard;
+  seg->user_size = need - off - guard;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
   if (zero && !fresh) memset(seg->user, 0, size);
   atomic_fetch_add(&mld_huge_active, seg->map_size);
   if (big) {
@@ -196,6 +199,20 @@ void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size) {
   else atomic_fetch_sub(&mld_huge_active, old - need);
   MLD_STAT_ADD(h, huge_bytes_alloc, need > old ? need - old : 0);
   return ns->user;
+}
+
+/* Resize a huge block inside its mapping (guard page excluded); false when it does not fit. */
+bool mld_huge_resize_within(segment_t *seg, size_t size) {
+  size_t off = (size_t)((uint8_t *)seg->user - (uint8_t *)seg);
+  size_t guard = 0;
+#ifdef MALLARD_SECURE
+  guard = MLD_OS_PAGE;
+#endif
+  size_t cap = seg->map_size - off - guard;
+  if (size > cap) return false;
+  seg->user_size = round_up(off + size, MLD_OS_PAGE) - off;
+  if (seg->user_size > cap) seg->user_size = cap;
+  return true;
 }
 
 void mld_huge_fork_prepare(void) { pthread_mutex_lock(&huge_lock); }

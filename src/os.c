@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -87,6 +88,15 @@ void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align) {
   if (p == MAP_FAILED) { mld_os_unmap(dst, new_size); return NULL; }
   atomic_fetch_sub(&mld_mapped_bytes, old_size);   /* dst's bytes were counted by map_aligned */
   return p;
+}
+
+/* Name an anonymous mapping (Linux 5.17+ with CONFIG_ANON_VMA_NAME) so that /proc/PID/maps and `mallard vmem`
+ * show it as Mallard's; silently nothing on other kernels. */
+void mld_os_name(void *p, size_t size, const char *name) {
+  static _Atomic(int) unsupported;
+  if (atomic_load_explicit(&unsupported, memory_order_relaxed)) return;
+  if (prctl(0x53564d41 /* PR_SET_VMA */, 0 /* PR_SET_VMA_ANON_NAME */, (unsigned long)p, size, (unsigned long)name) != 0)
+    atomic_store_explicit(&unsupported, 1, memory_order_relaxed);
 }
 
 void mld_owner_set(const void *seg, bool on) {

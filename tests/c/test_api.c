@@ -77,6 +77,7 @@ static void test_malloc_basic(void) {
   M_free(a);
   M_free(b);
   M_free(NULL);   /* no-op */
+  CHECK(M_usable(NULL) == 0, "malloc_usable_size(NULL) = %zu", M_usable(NULL));
 
   /* Every size up to 70 KiB, then growing steps through large and huge: alignment, usable size, writable. */
   for (size_t n = 0; n <= 70 * KiB; n += n < 1024 ? 1 : 97) {

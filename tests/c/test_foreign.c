@@ -110,6 +110,14 @@ static int child(void) {
   mt_fill(g, 200, 6);
   poke(g, "glibc malloc block");
   CHECK(mt_verify(g, 200, 6) == 200, "glibc block modified");
+  void *(*glibc_libc_malloc)(size_t) = (void *(*)(size_t))dlsym(libc, "__libc_malloc");
+  if (glibc_libc_malloc) {   /* glibc's own internal name, as some programs call it */
+    uint8_t *g2 = glibc_libc_malloc(48);
+    REQUIRE(g2, "glibc __libc_malloc");
+    mt_fill(g2, 48, 8);
+    poke(g2, "glibc __libc_malloc block");
+    CHECK(mt_verify(g2, 48, 8) == 48, "glibc __libc_malloc block modified");
+  }
   /* Large glibc blocks are mmap'd by glibc: another kind of foreign address. */
   uint8_t *gbig = glibc_malloc(1 * MiB);
   REQUIRE(gbig, "glibc malloc(1M)");
@@ -159,6 +167,7 @@ int main(int argc, char **argv) {
   pid_t pid;
   int rc = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, args, environ);
   REQUIRE(rc == 0, "posix_spawn: %s", strerror(rc));
+  posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
   close(err[1]);
   static char obuf[65536], ebuf[65536];

@@ -58,10 +58,17 @@ def prog():
 
 @pytest.fixture(scope="session")
 def allocators():
-    os.environ["MALLARD_BUILD_DIR"] = str(BUILD)
     from mallard_cli import allocators as al
 
-    return al.discover()
+    old = os.environ.get("MALLARD_BUILD_DIR")
+    os.environ["MALLARD_BUILD_DIR"] = str(BUILD)
+    try:
+        return al.discover()
+    finally:  # leave the session's environment as it was
+        if old is None:
+            del os.environ["MALLARD_BUILD_DIR"]
+        else:
+            os.environ["MALLARD_BUILD_DIR"] = old
 
 
 PEER_FILES = {

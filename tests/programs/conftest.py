@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-BUILD = Path(os.environ.get("MALLARD_BUILD_DIR", str(REPO / "build")))
+BUILD = Path(os.environ.get("MALLARD_BUILD_DIR", str(REPO / "build"))).resolve()
 LIB = BUILD / "lib" / "libmallard.so"
+# The variants some tests also run on: name -> library (the secure build is used only where it was built).
+VARIANTS = {"mallard": LIB, "mallard-secure": BUILD / "lib" / "libmallard-secure.so"}
 REPORT_MARK = '{"mallard":'
 
 
@@ -101,16 +102,18 @@ def check_reports(reports: list[dict], min_mallocs: int, min_reports: int = 1, s
 
 
 class Preload:
-    """Runs commands with LD_PRELOAD=libmallard.so and a clean Mallard configuration."""
+    """Runs commands with LD_PRELOAD=<a Mallard library> and a clean Mallard configuration."""
 
-    lib = LIB
+    def __init__(self, lib: Path = LIB, name: str = "mallard"):
+        self.lib = lib
+        self.name = name
 
     def env(self, stats: bool = False, extra: dict | None = None, preload: bool = True) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLARD_CONF")}
         # Keep a machine-wide /etc/mallard.conf out of the tests.
         env["MALLARD_CONF_PATH"] = "/nonexistent/mallard.conf"
         if preload:
-            env["LD_PRELOAD"] = str(LIB)
+            env["LD_PRELOAD"] = str(self.lib)
         if stats:
             # JSON report without the per-arena table: size classes stay, for the block counts.
             env["MALLARD_CONF"] = "stats_print:true,stats_print_opts:Ja"
@@ -144,12 +147,16 @@ def preload() -> Preload:
     return Preload()
 
 
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def preload_variant(request) -> Preload:
+    """libmallard.so, then libmallard-secure.so where this build directory has it."""
+    lib = VARIANTS[request.param]
+    if request.param != "mallard" and not lib.exists():
+        pytest.skip(f"{lib.name} is not built in {BUILD}")
+    assert lib.exists(), f"build Mallard first: {lib} is missing (MALLARD_BUILD_DIR={BUILD})"
+    return Preload(lib, request.param)
+
+
 @pytest.fixture(scope="session")
 def system_python() -> str:
     return find_system_python()
-
-
-@pytest.fixture(scope="session")
-def programs_dir() -> Path:
-    """Sources of the small programs these tests compile or run."""
-    return HERE

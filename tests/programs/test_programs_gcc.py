@@ -35,9 +35,9 @@ def test_gcc_compiles_under_mallard(compiled):
     cc.assert_mallard_active(min_mallocs=10_000, min_reports=3)
 
 
-def test_compiled_program_runs_under_mallard(compiled, preload):
+def test_compiled_program_runs_under_mallard(compiled, preload_variant):
     _, exe = compiled
-    run = preload.run([str(exe)])
+    run = preload_variant.run([str(exe)])
     assert run.stdout.strip() == expected_output()
     assert run.stderr == ""
     rep = run.assert_mallard_active(min_mallocs=200_000)

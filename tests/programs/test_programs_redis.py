@@ -69,7 +69,7 @@ def redis(preload, tmp_path):
 
 def test_redis_set_get_under_mallard(redis, preload):
     maps = Path(f"/proc/{redis.proc.pid}/maps").read_text()
-    assert str(preload.lib) in maps or "libmallard.so" in maps
+    assert "/libmallard.so" in maps, "libmallard.so is not mapped into redis-server"
 
     assert redis.cli("SET", "greeting", "hello mallard", text=True).stdout.strip() == "OK"
     assert redis.cli("GET", "greeting", text=True).stdout == "hello mallard\n"

@@ -23,8 +23,8 @@ def node_expected() -> str:
             f"objects=100000 str={strs}")
 
 
-def test_ruby_strings_hashes_threads(preload, tmp_path):
-    r = preload.run(["ruby", str(HERE / "workload.rb")], extra_env={"HOME": str(tmp_path)})
+def test_ruby_strings_hashes_threads(preload_variant, tmp_path):
+    r = preload_variant.run(["ruby", str(HERE / "workload.rb")], extra_env={"HOME": str(tmp_path)})
     assert r.stdout.strip() == ruby_expected()
     assert r.stderr == ""
     rep = r.assert_mallard_active(min_mallocs=100_000)
@@ -32,8 +32,8 @@ def test_ruby_strings_hashes_threads(preload, tmp_path):
     assert rep["stats"]["large"]["nmalloc"] + rep["stats"]["huge"]["nmalloc"] > 0
 
 
-def test_node_buffers_and_objects(preload, tmp_path):
-    r = preload.run(["node", str(HERE / "workload.js")], extra_env={"HOME": str(tmp_path)})
+def test_node_buffers_and_objects(preload_variant, tmp_path):
+    r = preload_variant.run(["node", str(HERE / "workload.js")], extra_env={"HOME": str(tmp_path)})
     assert r.stdout.strip() == node_expected()
     assert r.stderr == ""
     rep = r.assert_mallard_active(min_mallocs=100_000)

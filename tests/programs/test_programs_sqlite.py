@@ -34,8 +34,8 @@ def expected_lines() -> list[str]:
     return lines
 
 
-def test_sqlite_100k_rows_in_memory(preload, tmp_path):
-    r = preload.run(["sqlite3", "-batch", ":memory:"], input=SCRIPT, extra_env={"HOME": str(tmp_path)})
+def test_sqlite_100k_rows_in_memory(preload_variant, tmp_path):
+    r = preload_variant.run(["sqlite3", "-batch", ":memory:"], input=SCRIPT, extra_env={"HOME": str(tmp_path)})
     assert r.stdout.splitlines() == expected_lines()
     assert r.stderr == ""
     rep = r.assert_mallard_active(min_mallocs=100_000)

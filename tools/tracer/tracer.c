@@ -58,7 +58,6 @@ static int (*real_posix_memalign)(void **, size_t, size_t);
 static void *(*real_memalign)(size_t, size_t);
 static void *(*real_valloc)(size_t);
 static void *(*real_pvalloc)(size_t);
-static void *(*real_reallocarray)(void *, size_t, size_t);
 static size_t (*real_usable)(void *);
 static int (*real_execve)(const char *, char *const[], char *const[]);
 static int (*real_execvpe)(const char *, char *const[], char *const[]);
@@ -138,7 +137,6 @@ static void resolve_all(void)
     real_memalign = sym("memalign");
     real_valloc = sym("valloc");
     real_pvalloc = sym("pvalloc");
-    real_reallocarray = sym("reallocarray");
     real_usable = sym("malloc_usable_size");
     real_execve = sym("execve");
     real_execvpe = sym("execvpe");
@@ -399,7 +397,7 @@ EXPORT void free(void *p)
     note_free(r, was);
 }
 
-static void *realloc_common(enum fn_id fn, void *p, size_t size, void *(*call)(void *, size_t, size_t), size_t n)
+static void *realloc_common(enum fn_id fn, void *p, size_t size)
 {
     if (is_boot(p)) {
         /* A bootstrap block moves to the real allocator; its old size is stored in front of it. */
@@ -411,11 +409,11 @@ static void *realloc_common(enum fn_id fn, void *p, size_t size, void *(*call)(v
     }
     struct thread_rec *r = count(fn, 1, size);
     size_t was = (r && p) ? usable(p) : 0;
-    void *q = call ? call(p, n, size) : real_realloc(p, size);
+    void *q = real_realloc(p, size);
     if (r) {
         if (q) {
             track_live(r, (long long)usable(q) - (long long)was, p ? 0 : 1);
-        } else if (p && size == 0 && !call) {
+        } else if (p && size == 0) {
             track_live(r, -(long long)was, -1); /* realloc(p, 0) freed p */
         }
     }
@@ -432,12 +430,7 @@ EXPORT void *realloc(void *p, size_t size)
         }
         return q;
     }
-    return realloc_common(F_REALLOC, p, size, NULL, 0);
-}
-
-static void *call_reallocarray(void *p, size_t n, size_t size)
-{
-    return real_reallocarray(p, n, size);
+    return realloc_common(F_REALLOC, p, size);
 }
 
 EXPORT void *reallocarray(void *p, size_t n, size_t size)
@@ -449,9 +442,8 @@ EXPORT void *reallocarray(void *p, size_t n, size_t size)
     }
     if (!ensure_init())
         return realloc(p, total);
-    if (!real_reallocarray || is_boot(p))
-        return realloc_common(F_REALLOCARRAY, p, total, NULL, 0);
-    return realloc_common(F_REALLOCARRAY, p, total, call_reallocarray, n);
+    /* Forwarded as realloc: glibc's reallocarray would call realloc again through us and count twice. */
+    return realloc_common(F_REALLOCARRAY, p, total);
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t size)

@@ -43,7 +43,9 @@ INSTALL_HINTS = {
 }
 
 MALLARD_VARIANTS = {"mallard": "libmallard.so", "mallard-secure": "libmallard-secure.so"}
-NOT_ALLOCATORS = {"libmallard-tracer.so"}  # the profiler's interposer forwards to an allocator; it is not one
+# The profiler's interposer forwards to an allocator (it is not one); the no-statistics build only measures
+# the cost of counting (bench/run.py --allocators can still name its path).
+NOT_ALLOCATORS = {"libmallard-tracer.so", "libmallard-nostats.so"}
 ALIASES = {"system": "glibc", "default": "glibc", "libc": "glibc", "ptmalloc": "glibc", "ptmalloc2": "glibc"}
 
 

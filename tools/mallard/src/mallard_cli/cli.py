@@ -398,10 +398,10 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
         raise start_error(cmd, e) from None
     base = bn.baseline(results)
     fastest, leanest = bn.choices(results, metric is not None, higher)
-    t = Table(title=f"mallard bench: {title}  ({n} interleaved rounds, {warmup} warm-up; median and min–max)",
+    t = Table(title=f"mallard bench: {title}  ({n} interleaved round{'s' if n != 1 else ''}, {warmup} warm-up; median and min–max)",
               title_justify="left")
-    t.add_column("allocator", style="bold")
-    t.add_column("version")
+    t.add_column("allocator", style="bold", no_wrap=True)
+    t.add_column("version", no_wrap=True)
     if metric is not None:
         t.add_column(metric_name, justify="right")
         t.add_column("ratio", justify="right")
@@ -418,7 +418,7 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
     for r in results:
         if not r.runs:
             cols = ["—"] * (2 if metric is not None else 0) + ["—"] * 5
-            t.add_row(r.alloc.name, r.alloc.version, *cols[:-1], f"[red]FAILED[/]")
+            t.add_row(r.alloc.name, r.alloc.version, *cols[:-1], "[red]FAILED[/]")
             continue
         row = [r.alloc.name, r.alloc.version]
         if metric is not None:
@@ -543,7 +543,8 @@ def print_vmem(rep: pi.VmemReport, args, label: str | None = None) -> None:
             json.dump(data, f, indent=2)
             f.write("\n")
     st = rep.status
-    who = label or f"PID {rep.pid}"
+    exe = rep.allocator.exe if rep.allocator and rep.allocator.exe else ""
+    who = escape(label) if label else (escape(exe) if exe else "process")
     alloc = rep.allocator.allocator if rep.allocator and rep.allocator.allocator else "unknown"
     out.print(f"[bold]mallard vmem[/]: {who} (PID {rep.pid}, {rep.threads} threads, allocator: {alloc})")
     out.print(f"VIRT {st.get('VmSize', '?')} (peak {st.get('VmPeak', '?')}), RSS {st.get('VmRSS', '?')} "
@@ -657,7 +658,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mappings", action="store_true", help="also list every mapping with its kind")
     s.add_argument("--top", type=int, default=20, help="rows in the arena table (default 20)")
     s.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+
+    s = sub.add_parser("advise", help="tuning advice from a Mallard statistics dump (JSON)",
+                       usage="mallard advise [--json] STATS.json")
+    s.add_argument("dump", metavar="STATS.json",
+                   help="output of mallard_stats_print(..., \"J\") or MALLARD_CONF=stats_print:true,stats_print_opts:J")
+    s.add_argument("--json", action="store_true", help="print the advice as JSON")
     return p
+
+
+def cmd_advise(args) -> int:
+    from . import advise as adv
+    try:
+        dump = adv.load(args.dump)
+    except adv.BadDump as e:
+        raise CliError(str(e), EXIT_ERROR) from None
+    items = adv.advise(dump)
+    if args.json:
+        print(json.dumps([a.__dict__ for a in items], indent=2))
+    else:
+        print(adv.render(items))
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -678,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"mallard {args.sub}: no command after --", markup=False)
         return EXIT_USAGE
     handler = {"list": cmd_list, "run": cmd_run, "env": cmd_env, "which": cmd_which, "profile": cmd_profile,
-               "bench": cmd_bench, "demo": cmd_demo, "vmem": cmd_vmem}[args.sub]
+               "bench": cmd_bench, "demo": cmd_demo, "vmem": cmd_vmem, "advise": cmd_advise}[args.sub]
     try:
         return handler(args)
     except CliError as e:

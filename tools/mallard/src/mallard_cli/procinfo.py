@@ -247,7 +247,7 @@ class VmemReport:
 
 
 def classify(maps: list[Mapping], stack_pointers: list[int], exe: str = "", page: int = 4096,
-             glibc: bool = True) -> list[ArenaHeap]:
+             glibc: bool = True, threads: int = 0) -> list[ArenaHeap]:
     """Sets each mapping's kind; returns the glibc arena heaps found (none unless glibc's malloc is in use:
     other allocators, e.g. mimalloc, make the same shape of partly committed aligned reservations)."""
     arenas: list[ArenaHeap] = []
@@ -297,18 +297,32 @@ def classify(maps: list[Mapping], stack_pointers: list[int], exe: str = "", page
         if not glibc:
             continue
         arenas.append(ArenaHeap(m.start, acc, res, sum(x.rss for x in parts)))
-    # Thread stacks: an anonymous rw mapping holding a thread's stack pointer, or one right above a small guard.
+    # Thread stacks: an anonymous rw mapping holding a thread's stack pointer; for threads whose stack pointer is
+    # unknown (running, not in a system call), the largest rw mappings right above a small guard, no more of them
+    # than such threads (hardened allocators also put guard pages below their regions).
+    def guard_below(i: int) -> Mapping | None:
+        prev = maps[i - 1] if i > 0 else None
+        if prev is not None and prev.end == maps[i].start and prev.kind == "reserved" and prev.size <= 64 * page:
+            return prev
+        return None
+
+    found = 0
+    candidates = []
     for i, m in enumerate(maps):
         if m.kind != "anon" or not m.perms.startswith("rw"):
             continue
-        holds_sp = any(m.start <= sp < m.end for sp in stack_pointers)
-        prev = maps[i - 1] if i > 0 else None
-        guarded = prev is not None and prev.end == m.start and prev.kind == "reserved" and prev.size <= 64 * page \
-            and m.size >= 64 * 1024 and "gd" not in m.vmflags
-        if holds_sp or guarded:
+        if any(m.start <= sp < m.end for sp in stack_pointers):
             m.kind = "thread-stack"
-            if prev is not None and prev.end == m.start and prev.kind == "reserved" and prev.size <= 64 * page:
-                prev.kind = "stack-guard"
+            found += 1
+            g = guard_below(i)
+            if g is not None:
+                g.kind = "stack-guard"
+        elif guard_below(i) is not None and m.size >= 64 * 1024:
+            candidates.append(i)
+    unknown = max(0, threads - 1 - found) if threads else len(candidates)
+    for i in sorted(candidates, key=lambda i: -maps[i].size)[:unknown]:
+        maps[i].kind = "thread-stack"
+        guard_below(i).kind = "stack-guard"
     # Large anonymous rw regions on 2 MiB boundaries are almost always an allocator's (jemalloc extents, mimalloc
     # segments, tcmalloc spans): small mmaps of programs are page-aligned only.
     for m in maps:
@@ -340,7 +354,8 @@ def vmem(pid: int) -> VmemReport:
     except ProcessError:
         w = None
     uses_glibc = w is None or w.allocator in (None, "glibc", "glibc-malloc-debug")
-    arenas = classify(maps, _thread_stack_pointers(pid), exe, os.sysconf("SC_PAGE_SIZE"), uses_glibc)
+    threads = int(status.get("Threads", "0") or 0)
+    arenas = classify(maps, _thread_stack_pointers(pid), exe, os.sysconf("SC_PAGE_SIZE"), uses_glibc, threads)
     totals: dict = {k: {"count": 0, "virt": 0, "rss": 0, "pss": 0, "swap": 0} for k, _ in KINDS}
     for m in maps:
         t = totals[KIND_GROUP.get(m.kind, m.kind)]
@@ -349,7 +364,6 @@ def vmem(pid: int) -> VmemReport:
         t["rss"] += m.rss
         t["pss"] += m.fields.get("Pss", 0) * 1024
         t["swap"] += m.fields.get("Swap", 0) * 1024
-    threads = int(status.get("Threads", "0") or 0)
     return VmemReport(pid, status, maps, totals, arenas, w, threads)
 
 

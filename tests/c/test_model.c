@@ -1,0 +1,224 @@
+/* test_model.c — randomised model-based test: random malloc/calloc/realloc/aligned/free on several threads, checked
+ * against a shadow record (no overlap, contents kept, alignment, usable size). Seed: argv[1] or MALLARD_TEST_SEED. */
+#include "mtest.h"
+#include <inttypes.h>
+#include <pthread.h>
+
+#define NTHREADS 4
+#define OPS_PER_THREAD 30000
+#define MAX_LIVE 1500                          /* blocks per thread */
+#define MAX_LIVE_BYTES ((size_t)160 << 20)     /* per thread: bounds the test's memory */
+#define POOL 256                               /* blocks handed from one thread to another */
+
+typedef struct { uint8_t *p; size_t size, align, usable; uint64_t tag; } blk_t;
+
+/* ---- shadow: every live block's [start, start + usable) in a sorted array; no two may overlap ---- */
+static pthread_mutex_t shadow_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { uintptr_t lo, hi; } shadow[NTHREADS * MAX_LIVE + POOL + 16];
+static size_t nshadow;
+
+static size_t shadow_find(uintptr_t lo) {   /* first index with .lo >= lo */
+  size_t a = 0, b = nshadow;
+  while (a < b) { size_t m = (a + b) / 2; if (shadow[m].lo < lo) a = m + 1; else b = m; }
+  return a;
+}
+static void shadow_add(const blk_t *k) {
+  uintptr_t lo = (uintptr_t)k->p, hi = lo + (k->usable ? k->usable : 1);
+  pthread_mutex_lock(&shadow_lock);
+  size_t i = shadow_find(lo);
+  if (i > 0) CHECK(shadow[i - 1].hi <= lo, "block %p+%zu overlaps live block %#" PRIxPTR "-%#" PRIxPTR, (void *)k->p,
+                   k->usable, shadow[i - 1].lo, shadow[i - 1].hi);
+  if (i < nshadow) CHECK(hi <= shadow[i].lo, "block %p+%zu overlaps live block %#" PRIxPTR "-%#" PRIxPTR, (void *)k->p,
+                         k->usable, shadow[i].lo, shadow[i].hi);
+  memmove(&shadow[i + 1], &shadow[i], (nshadow - i) * sizeof shadow[0]);
+  shadow[i].lo = lo;
+  shadow[i].hi = hi;
+  nshadow++;
+  pthread_mutex_unlock(&shadow_lock);
+}
+static void shadow_remove(const blk_t *k) {
+  pthread_mutex_lock(&shadow_lock);
+  size_t i = shadow_find((uintptr_t)k->p);
+  bool found = i < nshadow && shadow[i].lo == (uintptr_t)k->p;
+  CHECK(found, "block %p missing from the shadow", (void *)k->p);
+  if (found) {
+    memmove(&shadow[i], &shadow[i + 1], (nshadow - i - 1) * sizeof shadow[0]);
+    nshadow--;
+  }
+  pthread_mutex_unlock(&shadow_lock);
+}
+
+/* ---- contents: every byte of blocks up to 16 KiB; for bigger ones the first and last 4 KiB and one byte every
+ * STRIDE (a stride that is not a multiple of the page size walks through every offset within pages) ---- */
+#define DENSE 16384
+#define STRIDE 16411
+static void fill(uint8_t *p, size_t n, uint64_t tag) {
+  if (n <= DENSE) { mt_fill(p, n, tag); return; }
+  for (size_t i = 0; i < 4096; i++) p[i] = mt_pat(tag, i);
+  for (size_t i = n - 4096; i < n; i++) p[i] = mt_pat(tag, i);
+  for (size_t i = 4096; i < n - 4096; i += STRIDE) p[i] = mt_pat(tag, i);
+}
+/* Check the positions fill(n) wrote that lie below `upto`; returns the first bad offset or SIZE_MAX. */
+static size_t verify(const uint8_t *p, size_t n, uint64_t tag, size_t upto) {
+  if (n <= DENSE) {
+    size_t m = n < upto ? n : upto, i = mt_verify(p, m, tag);
+    return i == m ? SIZE_MAX : i;
+  }
+  for (size_t i = 0; i < 4096 && i < upto; i++) if (p[i] != mt_pat(tag, i)) return i;
+  for (size_t i = n - 4096; i < n && i < upto; i++) if (p[i] != mt_pat(tag, i)) return i;
+  for (size_t i = 4096; i < n - 4096 && i < upto; i += STRIDE) if (p[i] != mt_pat(tag, i)) return i;
+  return SIZE_MAX;
+}
+static bool is_zero(const uint8_t *p, size_t n) {
+  if (n <= DENSE) { for (size_t i = 0; i < n; i++) if (p[i]) return false; return true; }
+  size_t stride = n <= (1u << 20) ? 61 : 16411;   /* sampled, strides prime to page sizes */
+  for (size_t i = 0; i < n; i += stride) if (p[i]) return false;
+  return p[n - 1] == 0;
+}
+
+/* ---- the hand-over pool: blocks freed or reallocated by a thread other than their allocator ---- */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static blk_t pool[POOL];
+static size_t npool;
+
+static uint64_t seed;
+static _Atomic(uint64_t) nops[8];
+enum { OP_MALLOC, OP_CALLOC, OP_ALIGNED, OP_REALLOC, OP_FREE, OP_HANDOFF, OP_ADOPT, OP_FAILED };
+
+static size_t pick_size(mt_rng_t *r) {
+  uint64_t x = mt_rng_below(r, 10000);
+  if (x < 7000) return mt_rng_below(r, 513);                              /* mostly small (0 included) */
+  if (x < 9000) return 512 + mt_rng_below(r, 32 * 1024);
+  if (x < 9850) return 32 * 1024 + mt_rng_below(r, 2 * 1024 * 1024);      /* medium and large */
+  if (x < 9990) return 2 * 1024 * 1024 + mt_rng_below(r, 6 * 1024 * 1024); /* huge */
+  return 8 * 1024 * 1024 + mt_rng_below(r, 56 * 1024 * 1024);              /* a few up to 64 MiB */
+}
+
+static void check_new(blk_t *k, const char *what) {
+  CHECK(((uintptr_t)k->p & ((k->align < 16 ? 16 : k->align) - 1)) == 0, "%s(%zu, align %zu) = %p misaligned", what,
+        k->size, k->align, (void *)k->p);
+  k->usable = M_usable(k->p);
+  CHECK(k->usable >= k->size, "%s(%zu): usable %zu", what, k->size, k->usable);
+}
+
+static void release(blk_t *k) {
+  size_t bad = verify(k->p, k->size, k->tag, SIZE_MAX);
+  CHECK(bad == SIZE_MAX, "block %p (size %zu, tag %" PRIx64 ") byte %zu changed while live", (void *)k->p, k->size,
+        k->tag, bad);
+  shadow_remove(k);
+  M_free(k->p);
+}
+
+static void *thread_main(void *arg) {
+  unsigned id = (unsigned)(uintptr_t)arg;
+  mt_rng_t r;
+  mt_rng_seed(&r, seed * 1000003u + id);
+  static __thread blk_t live[MAX_LIVE];
+  size_t nlive = 0, bytes = 0;
+  uint64_t next_tag = (uint64_t)id << 48;
+  for (unsigned op = 0; op < OPS_PER_THREAD; op++) {
+    uint64_t x = mt_rng_below(&r, 100);
+    bool full = nlive == MAX_LIVE || bytes > MAX_LIVE_BYTES;
+    if (nlive && (full || x < 25)) {                 /* free a random live block */
+      size_t i = mt_rng_below(&r, nlive);
+      bytes -= live[i].size;
+      release(&live[i]);
+      live[i] = live[--nlive];
+      atomic_fetch_add(&nops[OP_FREE], 1);
+    } else if (nlive && x < 40) {                    /* realloc a random live block */
+      size_t i = mt_rng_below(&r, nlive);
+      blk_t *k = &live[i];
+      size_t n = mt_rng_below(&r, 4) ? pick_size(&r) : k->size + mt_rng_below(&r, 64);
+      size_t bad = verify(k->p, k->size, k->tag, SIZE_MAX);
+      CHECK(bad == SIZE_MAX, "before realloc: block %p byte %zu changed", (void *)k->p, bad);
+      shadow_remove(k);
+      uint8_t *q = M_realloc(k->p, n);
+      if (!q && n == 0) {                            /* realloc(p, 0) freed it (glibc behaviour) */
+        bytes -= k->size;
+        live[i] = live[--nlive];
+        atomic_fetch_add(&nops[OP_REALLOC], 1);
+        continue;
+      }
+      REQUIRE(q, "seed %" PRIu64 ": realloc(%p, %zu) failed", seed, (void *)k->p, n);
+      blk_t nk = { q, n, 16, 0, next_tag++ };
+      check_new(&nk, "realloc");
+      size_t keep = k->size < n ? k->size : n;
+      bad = verify(q, k->size, k->tag, keep);
+      CHECK(bad == SIZE_MAX, "realloc %zu -> %zu (%p -> %p): byte %zu lost", k->size, n, (void *)k->p, (void *)q, bad);
+      fill(q, n, nk.tag);
+      shadow_add(&nk);
+      bytes = bytes - k->size + n;
+      *k = nk;
+      atomic_fetch_add(&nops[OP_REALLOC], 1);
+    } else if (x < 45) {                             /* hand a block to another thread, or take one */
+      pthread_mutex_lock(&pool_lock);
+      if (nlive && npool < POOL && mt_rng_below(&r, 2)) {
+        size_t i = mt_rng_below(&r, nlive);
+        bytes -= live[i].size;
+        pool[npool++] = live[i];
+        live[i] = live[--nlive];
+        atomic_fetch_add(&nops[OP_HANDOFF], 1);
+      } else if (npool && nlive < MAX_LIVE) {
+        size_t j = mt_rng_below(&r, npool);
+        live[nlive] = pool[j];
+        bytes += live[nlive].size;
+        nlive++;
+        pool[j] = pool[--npool];
+        atomic_fetch_add(&nops[OP_ADOPT], 1);
+      }
+      pthread_mutex_unlock(&pool_lock);
+    } else {                                         /* allocate: malloc, calloc or an aligned function */
+      size_t n = pick_size(&r);
+      blk_t k = { NULL, n, 16, 0, next_tag++ };
+      uint64_t how = mt_rng_below(&r, 10);
+      const char *what = "malloc";
+      if (how < 6) {
+        k.p = M_malloc(n);
+        atomic_fetch_add(&nops[OP_MALLOC], 1);
+      } else if (how < 8) {
+        size_t cnt = 1 + mt_rng_below(&r, 4);
+        k.size = n / cnt * cnt;
+        k.p = M_calloc(cnt, n / cnt);
+        what = "calloc";
+        if (k.p) CHECK(is_zero(k.p, k.size), "calloc(%zu, %zu) = %p not zero", cnt, n / cnt, (void *)k.p);
+        atomic_fetch_add(&nops[OP_CALLOC], 1);
+      } else {
+        unsigned lg = (unsigned)(mt_rng_below(&r, 100) < 95 ? 3 + mt_rng_below(&r, 10) : 13 + mt_rng_below(&r, 11));
+        k.align = (size_t)1 << lg;                   /* 8 B .. 4 MiB */
+        uint64_t fn = mt_rng_below(&r, 3);
+        if (fn == 0) { k.p = M_aligned_alloc(k.align, n); what = "aligned_alloc"; }
+        else if (fn == 1) { void *p = NULL; if (M_posix_memalign(&p, k.align, n) == 0) k.p = p; what = "posix_memalign"; }
+        else { k.p = M_memalign(k.align, n); what = "memalign"; }
+        atomic_fetch_add(&nops[OP_ALIGNED], 1);
+      }
+      REQUIRE(k.p, "seed %" PRIu64 ": %s(%zu, align %zu) failed: %s", seed, what, k.size, k.align, strerror(errno));
+      check_new(&k, what);
+      fill(k.p, k.size, k.tag);
+      shadow_add(&k);
+      live[nlive++] = k;
+      bytes += k.size;
+    }
+  }
+  while (nlive) release(&live[--nlive]);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  const char *s = argc > 1 ? argv[1] : getenv("MALLARD_TEST_SEED");
+  seed = s ? strtoull(s, NULL, 0) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20));
+  printf("test_model (%s): seed %" PRIu64 " (replay: %s %" PRIu64 ", or MALLARD_TEST_SEED=%" PRIu64 ")\n", MT_MODE,
+         seed, argv[0], seed, seed);
+  fflush(stdout);
+  double t0 = mt_now();
+  pthread_t t[NTHREADS];
+  for (uintptr_t i = 0; i < NTHREADS; i++) REQUIRE(!pthread_create(&t[i], NULL, thread_main, (void *)i), "create");
+  for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+  while (npool) release(&pool[--npool]);
+  CHECK(nshadow == 0, "%zu blocks left in the shadow", nshadow);
+  printf("ops: malloc %" PRIu64 ", calloc %" PRIu64 ", aligned %" PRIu64 ", realloc %" PRIu64 ", free %" PRIu64
+         ", handed over %" PRIu64 ", adopted %" PRIu64 "; %.2f s\n",
+         nops[OP_MALLOC], nops[OP_CALLOC], nops[OP_ALIGNED], nops[OP_REALLOC], nops[OP_FREE], nops[OP_HANDOFF],
+         nops[OP_ADOPT], mt_now() - t0);
+  if (atomic_load(&mt_failures)) printf("FAILED with seed %" PRIu64 "\n", seed);
+  return mt_result("test_model (" MT_MODE ")");
+}
