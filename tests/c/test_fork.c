@@ -1,6 +1,7 @@
 /* test_fork.c — fork from a multi-threaded parent: the child allocates, frees, starts a thread and exits 0. */
 #include "mtest.h"
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -76,6 +77,9 @@ int main(void) {
   double t0 = mt_now();
   pthread_t w[NWORKERS];
   for (uintptr_t i = 0; i < NWORKERS; i++) REQUIRE(!pthread_create(&w[i], NULL, worker, (void *)(i + 1)), "create");
+  /* Fork only once every worker is running its loop: a thread still starting up may hold the C library's (or a
+   * sanitizer runtime's) own thread-creation locks, which are not ours to make fork-safe. */
+  while (atomic_load(&worker_ops) < 100 * NWORKERS) sched_yield();
   int ok = 0, bad = 0;
   for (int f = 0; f < NFORKS && bad <= 5; f += INFLIGHT) {
     pid_t pids[INFLIGHT];
