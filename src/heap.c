@@ -107,7 +107,21 @@ bool mld_heap_bind_arena(heap_t *h, unsigned index) {
   return true;
 }
 
+#ifdef MALLARD_SECURE
+/* An empty page has no live block: its allocation bits must all be clear (a bookkeeping check). */
+static void secure_check_empty(const page_t *pg) {
+  uint8_t *start = page_start(pg);
+  uint64_t bit;
+  _Atomic(uint64_t) *w = bm_word(start, &bit);
+  for (size_t i = 0; i < ((size_t)pg->slot_count << MLD_SLOT_SHIFT) / 1024; i++)
+    if (atomic_load_explicit(&w[i], memory_order_relaxed)) mld_secure_fail("live block in a page being released:", start + i * 1024);
+}
+#endif
+
 static void page_release(heap_t *h, page_t *pg) {
+#ifdef MALLARD_SECURE
+  secure_check_empty(pg);
+#endif
   h->stats.cls[pg->size_class].npages_released++;
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
   mld_arena_free_span(segment_of(pg)->arena, pg);
@@ -116,6 +130,9 @@ static void page_release(heap_t *h, page_t *pg) {
 /* An empty page leaves the class lists: keep it in the page cache while the cache holds fewer than
  * page_cache slots in all, else give it back to its arena. */
 static void page_release_or_cache(heap_t *h, page_t *pg) {
+#ifdef MALLARD_SECURE
+  secure_check_empty(pg);
+#endif
   if (h->ncache + pg->slot_count <= mld_opt.page_cache && segment_of(pg)->arena == h->arena) {
     h->stats.cls[pg->size_class].npages_released++;
     atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);   /* no block of it is live */

@@ -59,7 +59,6 @@ void mld_init_slow(void) {
     init_thread = pthread_self();
     mld_start_ms = mld_now_ms();
     atomic_store(&mld_initialized, 1);
-    mld_size_classes_init();
 #ifdef MALLARD_SECURE
     mld_secure_init();
 #endif

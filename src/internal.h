@@ -173,10 +173,9 @@ extern options_t mld_opt MLD_HIDDEN;
 
 /* ---- cross-file declarations ------------------------------------------------------------------------- */
 /* size_classes.c */
-extern uint32_t mld_class_size[MLD_NUM_CLASSES] MLD_HIDDEN;
-extern uint8_t mld_small_class[MLD_SMALL_MAX / 16 + 1] MLD_HIDDEN;   /* (size+15)/16 -> class for size <= SMALL_MAX */
+extern const uint32_t mld_class_size[MLD_NUM_CLASSES] MLD_HIDDEN;
+extern const uint8_t mld_small_class[MLD_SMALL_MAX / 16 + 1] MLD_HIDDEN;   /* (size+15)/16 -> class, size <= SMALL_MAX */
 MLD_HIDDEN unsigned mld_size_class_slow(size_t size);
-MLD_HIDDEN void mld_size_classes_init(void);
 static inline unsigned mld_size_class(size_t size) {
   return likely(size <= MLD_SMALL_MAX) ? mld_small_class[(size + 15) >> 4] : mld_size_class_slow(size);
 }

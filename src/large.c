@@ -65,17 +65,48 @@ bool mld_large_resize_in_place(page_t *pg, size_t size) {
 /* Where the user pointer starts in a huge mapping: after the header, at a multiple of the alignment. */
 static size_t huge_offset(size_t align) { return round_up(MLD_HUGE_HEADER, align); }
 
+static void cache_push(segment_t *seg) {   /* huge_lock held */
+  seg->prev = NULL;
+  seg->next = huge_cache;
+  if (huge_cache) huge_cache->prev = seg;
+  huge_cache = seg;
+  atomic_fetch_add(&mld_huge_cached, seg->map_size);
+}
+
+static void cache_unlink(segment_t *seg) {   /* huge_lock held */
+  if (seg->prev) seg->prev->next = seg->next; else huge_cache = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  seg->next = seg->prev = NULL;
+  atomic_fetch_sub(&mld_huge_cached, seg->map_size);
+}
+
+/* Best fit among the cached mappings. One much larger than needed is split at a segment boundary: the tail
+ * (resident memory, reused without page faults) goes back to the cache with a header of its own. */
 static segment_t *huge_cache_take(size_t need) {
   if (!atomic_load_explicit(&mld_huge_cached, memory_order_relaxed)) return NULL;
   pthread_mutex_lock(&huge_lock);
   segment_t *best = NULL;
-  for (segment_t *s = huge_cache; s; s = s->next)   /* best fit, wasting at most a quarter */
-    if (s->map_size >= need && s->map_size <= need + need / 4 && (!best || s->map_size < best->map_size)) best = s;
+  for (segment_t *s = huge_cache; s; s = s->next)
+    if (s->map_size >= need && (!best || s->map_size < best->map_size)) best = s;
   if (best) {
-    if (best->prev) best->prev->next = best->next; else huge_cache = best->next;
-    if (best->next) best->next->prev = best->prev;
-    best->next = best->prev = NULL;
-    atomic_fetch_sub(&mld_huge_cached, best->map_size);
+    cache_unlink(best);
+#ifndef MALLARD_SECURE   /* the secure variant's mappings end in a guard page: they are not split */
+    size_t cut = round_up(need, MLD_SEGMENT_SIZE);
+    if (best->map_size >= cut + MLD_SEGMENT_SIZE) {
+      segment_t *tail = (segment_t *)((uint8_t *)best + cut);
+      memset(tail, 0, sizeof *tail);
+      tail->kind = SEG_HUGE;
+      tail->map_size = best->map_size - cut;
+      tail->dirty_since = best->dirty_since;
+      best->map_size = cut;
+      mld_owner_set(tail, true);
+      cache_push(tail);
+    }
+#endif
+    if (best->map_size > need + need / 4 && best->map_size - need >= MLD_SEGMENT_SIZE) {
+      cache_push(best);   /* still too large (a split was not possible): leave it for a better fit */
+      best = NULL;
+    }
   }
   pthread_mutex_unlock(&huge_lock);
   return best;
@@ -146,11 +177,7 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
       atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
     pthread_mutex_lock(&huge_lock);
     seg->dirty_since = mld_now_ms();
-    seg->prev = NULL;
-    seg->next = huge_cache;
-    if (huge_cache) huge_cache->prev = seg;
-    huge_cache = seg;
-    atomic_fetch_add(&mld_huge_cached, seg->map_size);
+    cache_push(seg);
     pthread_mutex_unlock(&huge_lock);
     mld_dirty_notify();
     return;
@@ -169,9 +196,7 @@ size_t mld_huge_cache_purge(bool all) {
   while (s) {
     segment_t *next = s->next;
     if (all || (mld_opt.dirty_decay_ms >= 0 && now - s->dirty_since >= (uint64_t)mld_opt.dirty_decay_ms)) {
-      if (s->prev) s->prev->next = s->next; else huge_cache = s->next;
-      if (s->next) s->next->prev = s->prev;
-      atomic_fetch_sub(&mld_huge_cached, s->map_size);
+      cache_unlink(s);
       bytes += s->map_size;
       mld_owner_set(s, false);
       mld_os_unmap(s, s->map_size);

@@ -47,7 +47,7 @@ static void set_defaults(void) {
   mld_opt.abort_conf = false;
   mld_opt.stats_print = false;
   mld_opt.stats_print_opts[0] = 0;
-  mld_opt.huge_cache_max = 64u << 20;
+  mld_opt.huge_cache_max = 256u << 20;
   mld_opt.page_cache = 4;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     size_t bs = mld_class_size[c];

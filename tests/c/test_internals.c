@@ -223,7 +223,7 @@ static void test_options(void) {
   options_with(NULL);
   CHECK(errbuf[0] == 0, "defaults printed something: %s", errbuf);
   CHECK(mld_opt.narenas == 0 && mld_opt.dirty_decay_ms == 1000 && mld_opt.background_thread && !mld_opt.retain &&
-        mld_opt.thp == 0 && mld_opt.page_cache == 4 && mld_opt.huge_cache_max == 64 * MiB, "defaults");
+        mld_opt.thp == 0 && mld_opt.page_cache == 4 && mld_opt.huge_cache_max == 256 * MiB, "defaults");
   options_t defaults;
   memcpy(&defaults, &mld_opt, sizeof defaults);
 

@@ -7,7 +7,7 @@ from conftest import parse_opts
 
 DEFAULTS = {
     "dirty_decay_ms": "1000", "background_thread": "1", "retain": "0", "thp": "default", "verbose": "0",
-    "abort_conf": "0", "stats_print": "0", "stats_print_opts": "", "page_cache": "4", "huge_cache_max": str(64 << 20),
+    "abort_conf": "0", "stats_print": "0", "stats_print_opts": "", "page_cache": "4", "huge_cache_max": str(256 << 20),
 }
 
 VALID = [
