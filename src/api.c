@@ -157,9 +157,7 @@ static void *reallocate(void *p, size_t size) {
 #ifndef MALLARD_SECURE
       if (size > MLD_LARGE_MAX) {
         void *q = mld_huge_realloc(mld_tls_heap, seg, p, size);
-        if (q) return q;
-        errno = ENOMEM;
-        return NULL;
+        if (q) return q;   /* else (e.g. the mapping spans merged pieces mremap will not move) copy below */
       }
 #else
       /* The secure variant moves huge blocks (mremap would carry the guard page along): it resizes within the

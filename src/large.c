@@ -80,6 +80,39 @@ static void cache_unlink(segment_t *seg) {   /* huge_lock held */
   atomic_fetch_sub(&mld_huge_cached, seg->map_size);
 }
 
+/* Cache a freed mapping, merged with cached mappings right before or after it (mappings are often adjacent,
+ * and a merged one serves larger requests); the merged piece keeps the lower header. huge_lock held. */
+static void cache_insert_coalesced(segment_t *seg) {
+#ifndef MALLARD_SECURE   /* guard pages sit between the secure variant's mappings */
+  for (segment_t *s = huge_cache; s;) {
+    segment_t *next = s->next;
+    if ((uint8_t *)s + s->map_size == (uint8_t *)seg || (uint8_t *)seg + seg->map_size == (uint8_t *)s) {
+      cache_unlink(s);
+      segment_t *lo = s < seg ? s : seg, *hi = s < seg ? seg : s;
+      lo->map_size += hi->map_size;
+      if (hi->dirty_since > lo->dirty_since) lo->dirty_since = hi->dirty_since;
+      mld_owner_set(hi, false);
+      seg = lo;
+      next = huge_cache;   /* the grown piece may now touch another */
+    }
+    s = next;
+  }
+#endif
+  cache_push(seg);
+}
+
+/* No cached mapping fits `need`: unmap cached ones (oldest first) so that a fresh mapping does not add to
+ * memory that sits unused. huge_lock held. */
+static void cache_make_room(size_t need) {
+  while (huge_cache && atomic_load_explicit(&mld_huge_cached, memory_order_relaxed) >= need / 2) {
+    segment_t *old = huge_cache;
+    while (old->next) old = old->next;   /* pushed first: the oldest */
+    cache_unlink(old);
+    mld_owner_set(old, false);
+    mld_os_unmap(old, old->map_size);
+  }
+}
+
 /* Best fit among the cached mappings. One much larger than needed is split at a segment boundary: the tail
  * (resident memory, reused without page faults) goes back to the cache with a header of its own. */
 static segment_t *huge_cache_take(size_t need) {
@@ -108,6 +141,7 @@ static segment_t *huge_cache_take(size_t need) {
       best = NULL;
     }
   }
+  if (!best) cache_make_room(need);
   pthread_mutex_unlock(&huge_lock);
   return best;
 }
@@ -177,7 +211,7 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
       atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
     pthread_mutex_lock(&huge_lock);
     seg->dirty_since = mld_now_ms();
-    cache_push(seg);
+    cache_insert_coalesced(seg);
     pthread_mutex_unlock(&huge_lock);
     mld_dirty_notify();
     return;
