@@ -13,7 +13,7 @@
 /* Size of class c. */
 #define SIZE_OF(c) ((c) < 8 ? 16 * ((c) + 1) : (1 << (7 + ((c) - 8) / 4)) + (((c) - 8) % 4 + 1) * (1 << (5 + ((c) - 8) / 4)))
 
-#define T1(i) CLASS_OF((i) * 16),
+#define T1(i) (uint8_t)(CLASS_OF((i) * 16)),   /* clang checks both arms of the conditional: cast */
 #define T4(i) T1(i) T1((i) + 1) T1((i) + 2) T1((i) + 3)
 #define T16(i) T4(i) T4((i) + 4) T4((i) + 8) T4((i) + 12)
 #define T64(i) T16(i) T16((i) + 16) T16((i) + 32) T16((i) + 48)
