@@ -62,9 +62,8 @@ static inline void dealloc(void *p) {
     block_t *b = p;
     unsigned c = pg->size_class;
 #ifdef MALLARD_SECURE
-    secure_check_free(pg, b);
-    bm_flip(b);
-    if (mld_opt.zero_on_free) memset(b, 0, pg->block_size);
+    secure_owner_free(pg, b);
+    if (unlikely(mld_opt.zero_on_free)) memset(b, 0, pg->block_size);
 #endif
     blk_set_next(pg, b, pg->free);      /* LIFO: the block just freed is the next one handed out (cache-warm) */
     pg->free = b;

@@ -21,7 +21,9 @@ MLD_HIDDEN void mld_shuffle(block_t **blocks, size_t n);
 static inline uintptr_t list_key(const page_t *pg) { return mld_secret ^ ((uintptr_t)pg * 0x9E3779B97F4A7C15ull); }
 static inline block_t *blk_next(const page_t *pg, const block_t *b) {
   uintptr_t v = (uintptr_t)b->next ^ list_key(pg);
-  if (unlikely(v && v - (uintptr_t)page_start(pg) >= ((size_t)pg->slot_count << MLD_SLOT_SHIFT)))
+  /* Same 64 KiB slot as b: inside the page. Otherwise check the page's bounds (multi-slot pages). */
+  if (unlikely(((v ^ (uintptr_t)b) >> MLD_SLOT_SHIFT) != 0) && v &&
+      v - (uintptr_t)page_start(pg) >= ((size_t)pg->slot_count << MLD_SLOT_SHIFT))
     mld_secure_fail("free list corrupted (use after free?) in the page of", b);
   return (block_t *)v;
 }
@@ -63,6 +65,16 @@ static inline void secure_on_alloc(const page_t *pg, block_t *b) {
 static inline void secure_check_free(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_test(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(*canary_at(pg, b) != canary_value(b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+}
+
+/* The owner frees a small block: the checks above, then its bit is cleared (one bitmap word access). */
+static inline void secure_owner_free(const page_t *pg, const void *b) {
+  uint64_t bit;
+  _Atomic(uint64_t) *w = bm_word(b, &bit);
+  uint64_t word = atomic_load_explicit(w, memory_order_relaxed);
+  if (unlikely(((uintptr_t)b & 15) || !(word & bit))) mld_secure_fail("double free or invalid free of", b);
+  if (unlikely(*canary_at(pg, b) != canary_value(b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+  atomic_store_explicit(w, word & ~bit, memory_order_relaxed);
 }
 #else
 #define MLD_SECURE_BUILD false
