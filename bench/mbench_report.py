@@ -349,6 +349,14 @@ def _targets(raw: dict, summary: dict) -> list:
                 rows.append(["fast path within 1.5× the best peer", "≤ 1.5×",
                              f"worst {worst_fp[1]:.2f}× ({worst_fp[0].replace('ns_pair_', '')} B)",
                              verdict(worst_fp[1] <= 1.5)])
+        if m == "mallard-secure" and "mallard" in raw["allocators"]:
+            rs = [cl["per"][m]["wall"]["median"] / cl["per"]["mallard"]["wall"]["median"]
+                  for cl in summary["cells"].values()
+                  if cl["timed"] and cl["per"][m]["ok"] and cl["per"]["mallard"]["ok"]]
+            g = _geomean(rs)
+            if g:
+                rows.append(["time vs the fast variant (geometric mean)", "≤ 1.10", f"{g:.3f} (n={len(rs)})",
+                             verdict(g <= 1.10)])
         if rows:
             out += [f"## {m} against the brief's targets (DESIGN.md §4)", "",
                     _table(["target", "limit", "this run", "verdict"], rows), ""]

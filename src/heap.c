@@ -41,10 +41,11 @@ static void set_current(heap_t *h, unsigned c) {
 }
 
 /* ---- heap life ---- */
-static void stats_add(heap_stats_t *dst, const heap_stats_t *src) {
+/* dst += src, counter by counter; src may be updated meanwhile by its owner (relaxed loads: a snapshot). */
+void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src) {
   const uint64_t *s = (const uint64_t *)src;
   uint64_t *d = (uint64_t *)dst;
-  for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++) d[i] += s[i];
+  for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++) d[i] += __atomic_load_n(&s[i], __ATOMIC_RELAXED);
 }
 
 heap_t *mld_heap_get(void) {
@@ -168,28 +169,50 @@ static void cache_flush(heap_t *h) {
   h->ncache = 0;
 }
 
-/* A thread is exiting: empty pages go back to their arena, the others are abandoned for adoption. */
-void mld_heap_abandon(heap_t *h) {
+/* Visit every page of a class (class list, then full list); the visitor may unlink or release the page. */
+typedef void (*page_visit_t)(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force);
+static void visit_pages(heap_t *h, page_visit_t visit, bool force) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
     for (int k = 0; k < 2; k++) {
-      page_t *pg = lists[k]->head;
-      while (pg) {
-        page_t *next = pg->next;
-        pg->next = pg->prev = NULL;
-        pg->in_full = 0;
-        mld_page_collect(pg);
-        if (pg->used == 0) page_release(h, pg);
-        else mld_arena_abandon(segment_of(pg)->arena, pg);
-        pg = next;
+      for (page_t *pg = lists[k]->head, *next; pg; pg = next) {
+        next = pg->next;
+        visit(h, c, lists[k], pg, force);
       }
-      lists[k]->head = lists[k]->tail = NULL;
     }
-    h->current[c] = &mld_page_empty;
+    set_current(h, c);
   }
   cache_flush(h);
+}
+
+/* Thread exit: an empty page goes back to its arena, the others are abandoned for adoption. */
+static void abandon_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force) {
+  (void)c; (void)force;
+  list_remove(list, pg);
+  pg->in_full = 0;
+  mld_page_collect(pg);
+  if (pg->used == 0) page_release(h, pg);
+  else mld_arena_abandon(segment_of(pg)->arena, pg);
+}
+
+/* Collection: empty pages leave (the current one too when forced); full pages with frees return to the list. */
+static void collect_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force) {
+  mld_page_collect(pg);
+  if (pg->used == 0 && (force || pg != h->avail[c].head)) {
+    list_remove(list, pg);
+    page_release(h, pg);
+  } else if (pg->in_full && pg->free) {
+    list_remove(list, pg);
+    pg->in_full = 0;
+    list_push_tail(&h->avail[c], pg);
+  }
+}
+
+/* A thread is exiting: its pages are released or abandoned, its counters kept, its struct recycled. */
+void mld_heap_abandon(heap_t *h) {
+  visit_pages(h, abandon_page, true);
   pthread_mutex_lock(&mld_heaps_mutex);
-  stats_add(&mld_dead_stats, &h->stats);
+  mld_stats_add(&mld_dead_stats, &h->stats);
   h->arena->nthreads--;
   h->live = false;
   if (h->prev_all) h->prev_all->next_all = h->next_all; else mld_heaps_all = h->next_all;
@@ -202,27 +225,7 @@ void mld_heap_abandon(heap_t *h) {
 /* Give back what this heap holds but does not use: empty pages (even the last of a class when forced). */
 void mld_heap_collect(heap_t *h, bool force) {
   if (h == &mld_heap_empty) return;
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
-    page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
-    for (int k = 0; k < 2; k++) {
-      page_t *pg = lists[k]->head;
-      while (pg) {
-        page_t *next = pg->next;
-        mld_page_collect(pg);
-        if (pg->used == 0 && (force || pg != h->avail[c].head)) {
-          list_remove(lists[k], pg);
-          page_release(h, pg);
-        } else if (k == 1 && pg->free) {
-          list_remove(lists[k], pg);
-          pg->in_full = 0;
-          list_push_tail(&h->avail[c], pg);
-        }
-        pg = next;
-      }
-    }
-    set_current(h, c);
-  }
-  cache_flush(h);
+  visit_pages(h, collect_page, force);
 }
 
 /* ---- the slow path ---- */

@@ -264,6 +264,7 @@ extern pthread_mutex_t mld_heaps_mutex MLD_HIDDEN;
 extern heap_t *mld_heaps_all MLD_HIDDEN;
 extern heap_stats_t mld_dead_stats MLD_HIDDEN;
 extern heap_stats_t mld_orphan_stats MLD_HIDDEN;
+MLD_HIDDEN void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src);
 /* Count into the thread's heap, or (a thread that never allocated has none) atomically into a shared record. */
 #define MLD_STAT_ADD(h, field, n)                                                      \
   do {                                                                                 \

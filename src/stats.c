@@ -11,19 +11,11 @@
 
 /* Sum the counters of live heaps and of exited threads. */
 void mld_stats_sum(heap_stats_t *out) {
-  memcpy(out, &mld_dead_stats, sizeof *out);
+  memset(out, 0, sizeof *out);
   pthread_mutex_lock(&mld_heaps_mutex);
-  {
-    const uint64_t *s = (const uint64_t *)&mld_orphan_stats;
-    uint64_t *d = (uint64_t *)out;
-    for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++) d[i] += __atomic_load_n(&s[i], __ATOMIC_RELAXED);
-  }
-  for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
-    const uint64_t *s = (const uint64_t *)&h->stats;
-    uint64_t *d = (uint64_t *)out;
-    for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++)
-      d[i] += __atomic_load_n(&s[i], __ATOMIC_RELAXED);   /* owners update them without atomics: a snapshot */
-  }
+  mld_stats_add(out, &mld_dead_stats);
+  mld_stats_add(out, &mld_orphan_stats);
+  for (heap_t *h = mld_heaps_all; h; h = h->next_all) mld_stats_add(out, &h->stats);
   pthread_mutex_unlock(&mld_heaps_mutex);
 }
 
