@@ -84,7 +84,8 @@ def advise(m: dict) -> list[Advice]:
     for c in m["classes"]:
         from_arena = c.get("npages", 0) - c.get("npages_cached", 0)
         nmalloc, per_page = c.get("nmalloc", 0), max(1, c.get("objs_per_page", 1))
-        if from_arena >= 100 and nmalloc / from_arena < 4 * per_page:
+        # Pages given back before they were even filled once: each trip to the arena serves less than a page.
+        if from_arena >= 100 and nmalloc / from_arena < per_page:
             churn.append((c, from_arena))
     if churn:
         parts, ev, cache = [], [], int(opts.get("page_cache", 4))
@@ -104,7 +105,9 @@ def advise(m: dict) -> list[Advice]:
     # 3. Free memory waiting to be purged.
     dirty, resident = stats.get("dirty", 0), max(1, stats.get("resident", 0))
     decay = int(opts.get("dirty_decay_ms", 1000))
-    if dirty >= 64 * MiB or (dirty >= 8 * MiB and dirty >= 0.25 * resident):
+    # With a short decay and the purging thread on, dirty memory goes back within the delay on its own.
+    slow_purge = decay < 0 or decay > 5000 or not opts.get("background_thread")
+    if slow_purge and (dirty >= 64 * MiB or (dirty >= 8 * MiB and dirty >= 0.25 * resident)):
         ev = [f"{_mib(dirty)} free but not yet returned to the OS ({100 * dirty / resident:.0f}% of the "
               f"{_mib(resident)} resident estimate)", f"dirty_decay_ms is {decay}; purging thread "
               f"{'on' if opts.get('background_thread') else 'off'}"]
@@ -119,9 +122,10 @@ def advise(m: dict) -> list[Advice]:
 
     # 4. Tiny working set, large metadata.
     alloc, meta = stats.get("allocated", 0), stats.get("metadata", 0)
-    if alloc > 0 and meta >= 256 * 1024 and meta > 2 * alloc:   # a live working set far below the overhead
+    working = max(alloc, stats.get("active", 0))   # pages still held count: a dump at exit sees few live blocks
+    if alloc > 0 and meta >= 256 * 1024 and meta > 2 * working:   # a live working set far below the overhead
         threads = sum(max(a.get("nthreads_total", 0), a.get("nthreads", 0)) for a in m["arenas"])
-        ev = [f"metadata {_mib(meta)} exceeds the {_mib(alloc)} in live blocks ({meta / max(alloc, 1):.1f}x)",
+        ev = [f"metadata {_mib(meta)} exceeds the {_mib(working)} of pages in use ({_mib(alloc)} in live blocks)",
               f"{len(m['arenas'])} arenas, {threads} threads seen"]
         out.append(Advice("metadata", "The working set is tiny next to the allocator's own overhead: use fewer "
                                       "arenas and no page cache", ev, _conf(opts, narenas=1, page_cache=0)))
