@@ -32,14 +32,15 @@ static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
   return mld_large_alloc(h, size, align, zero);
 }
 
-/* Small and medium requests take a size class; MLD_CANARY (secure variant) makes room for the canary. */
+/* Small and medium requests take a size class (mld_class_request: room for the secure variant's canary). */
 static MLD_NOINLINE void *alloc_not_small(size_t size) {
-  if (size <= MLD_MEDIUM_MAX - MLD_CANARY) return alloc_class(mld_size_class(size + MLD_CANARY));
+  if (size <= MLD_MEDIUM_MAX) return alloc_class(mld_size_class(mld_class_request(size)));
   return alloc_big(size, MLD_MIN_ALIGN, false);
 }
 
 static inline void *alloc(size_t size) {
-  if (likely(size <= MLD_SMALL_MAX - MLD_CANARY)) return alloc_class(mld_small_class[(size + MLD_CANARY + 15) >> 4]);
+  size_t want = mld_class_request(size);
+  if (likely(want <= MLD_SMALL_MAX)) return alloc_class(mld_small_class[(want + 15) >> 4]);
   return alloc_not_small(size);
 }
 
@@ -71,8 +72,8 @@ static inline void dealloc(void *p) {
     h->stats.cls[c].nfree++;
 #endif
     if (unlikely(--pg->used == 0 || pg->in_full)) {
-      /* empty and not current (or multi-slot), or parked full */
-      if (pg != h->current[c] || pg->in_full || pg->slot_count > 1) mld_page_retire(h, pg);
+      /* empty and not current (or multi-slot, not kept yet), or parked full */
+      if (pg != h->current[c] || pg->in_full || pg->keep_check) mld_page_retire(h, pg);
     }
     return;
   }
@@ -92,7 +93,7 @@ static size_t usable_size(const void *p, const char *what) {
     if (p == seg->user) return seg->user_size;
   } else {
     page_t *pg = page_of(seg, p);
-    if (pg->kind == PAGE_SMALL) return pg->block_size - MLD_CANARY;
+    if (pg->kind == PAGE_SMALL) return mld_block_usable(pg->block_size);
     if (pg->kind == PAGE_LARGE && p == pg->user) return pg->large_size;
   }
   mld_report_invalid(what, p);
@@ -105,8 +106,8 @@ static size_t size_round_page(size_t n) { return (n + MLD_OS_PAGE - 1) & ~(size_
 /* The size class serving `size` bytes aligned to `align` (a power of two), or MLD_NUM_CLASSES when the
  * request needs a large or huge block. */
 static unsigned class_for(size_t size, size_t align) {
-  if (size > MLD_MEDIUM_MAX - MLD_CANARY || align > MLD_SLOT_SIZE) return MLD_NUM_CLASSES;
-  size_t want = size + MLD_CANARY < align ? align : size + MLD_CANARY;
+  if (size > MLD_MEDIUM_MAX || align > MLD_SLOT_SIZE) return MLD_NUM_CLASSES;
+  size_t want = mld_class_request(size) < align ? align : mld_class_request(size);
   if (want > MLD_MEDIUM_MAX) return MLD_NUM_CLASSES;
   unsigned c = mld_size_class(want);
   while (c < MLD_NUM_CLASSES && (mld_class_size[c] & (align - 1))) c++;   /* page starts are slot aligned */
@@ -126,7 +127,7 @@ static size_t round_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 static size_t good_size(size_t size, size_t align) {
   if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
   unsigned c = class_for(size, align);
-  if (c < MLD_NUM_CLASSES) return mld_class_size[c] - MLD_CANARY;
+  if (c < MLD_NUM_CLASSES) return mld_block_usable(mld_class_size[c]);
   if (size > ((size_t)1 << 62)) return 0;
   size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;
   if (size <= MLD_LARGE_MAX && size + extra <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
@@ -136,8 +137,8 @@ static size_t good_size(size_t size, size_t align) {
 }
 
 static void *zalloc(size_t total) {
-  if (total <= MLD_MEDIUM_MAX - MLD_CANARY) {
-    void *p = alloc_class(mld_size_class(total + MLD_CANARY));
+  if (total <= MLD_MEDIUM_MAX) {
+    void *p = alloc_class(mld_size_class(mld_class_request(total)));
     if (p) memset(p, 0, total);
     return p;
   }
@@ -170,7 +171,7 @@ static void *reallocate(void *p, size_t size) {
 #ifdef MALLARD_SECURE
         secure_check_free(pg, p);
 #endif
-        old = pg->block_size - MLD_CANARY;
+        old = mld_block_usable(pg->block_size);
         if (size <= old && (size > old / 2 || old <= 64)) return p;   /* fits, and not too wasteful */
       } else if (pg->kind == PAGE_LARGE && p == pg->user) {
         old = pg->large_size;

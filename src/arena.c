@@ -207,8 +207,7 @@ static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
   pg->zero = zero;
   pg->dirty_since = now;
   span_insert(a, pg);
-  if (!a->next_purge_ms || a->next_purge_ms > now + (uint64_t)mld_opt.dirty_decay_ms)
-    a->next_purge_ms = now + (uint64_t)(mld_opt.dirty_decay_ms > 0 ? mld_opt.dirty_decay_ms : 0);
+  if (!a->next_purge_ms || a->next_purge_ms > now + mld_purge_age()) a->next_purge_ms = now + mld_purge_age();
 }
 
 void mld_arena_free_span(arena_t *a, page_t *pg) {

@@ -312,6 +312,21 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
   return b;
 }
 
+/* May the class's only page stay with the heap although empty? One-slot pages always; multi-slot pages while
+ * the heap keeps at most MLD_KEEP_SLOTS slots of them (a loop over medium sizes must not thrash, an idle
+ * thread must not sit on megabytes). A kept page is not asked again until it is reused from scratch. */
+static bool keep_empty(heap_t *h, page_t *pg) {
+  if (pg->slot_count == 1 || !pg->keep_check) return true;
+  size_t kept = 0;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    const page_t *q = h->current[c];
+    if (q != pg && q->slot_count > 1 && q->used == 0 && !q->keep_check) kept += q->slot_count;
+  }
+  if (kept + pg->slot_count > MLD_KEEP_SLOTS) return false;
+  pg->keep_check = 0;
+  return true;
+}
+
 /* The owner freed a block of a parked (full) page, or the last block of a page. A parked page returns to the
  * class list; an empty page goes to the page cache or back to the arena, unless it is the only page of a
  * one-slot class (kept: a malloc/free loop must not thrash). Empty multi-slot pages always leave, so that
@@ -324,7 +339,7 @@ void mld_page_retire(heap_t *h, page_t *pg) {
     list_push_tail(&h->avail[c], pg);
     if (pg->used) { set_current(h, c); return; }
   }
-  if (h->avail[c].head == pg && !pg->next && pg->slot_count == 1) return;
+  if (h->avail[c].head == pg && !pg->next && keep_empty(h, pg)) return;
   list_remove(&h->avail[c], pg);
   set_current(h, c);
   page_release_or_cache(h, pg);

@@ -33,6 +33,7 @@
 #define MLD_NUM_CLASSES 52
 #define MLD_MAX_PAGE_SLOTS 16
 #define MLD_MAX_ARENAS 64
+#define MLD_KEEP_SLOTS 16                                 /* slots of empty multi-slot current pages a heap keeps */
 #define MLD_ADDR_BITS 47                                  /* user address space covered by the ownership map */
 
 /* ---- blocks, pages, segments ----------------------------------------------------------------------- */
@@ -58,7 +59,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t in_full;                       /* small page parked on its heap's full list */
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
-  uint8_t pad_[3];
+  uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
+  uint8_t pad_[2];
   uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
   uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
@@ -170,6 +172,13 @@ typedef struct options_s {
 } options_t;
 
 extern options_t mld_opt MLD_HIDDEN;
+
+/* Age at which dirty memory is purged: 15/16 of dirty_decay_ms, so that with the wake-up latency of the
+ * purging thread memory is back within the decay delay, not just after it. */
+static inline uint64_t mld_purge_age(void) {
+  long d = mld_opt.dirty_decay_ms;
+  return d > 0 ? (uint64_t)(d - d / 16) : 0;
+}
 
 /* ---- cross-file declarations ------------------------------------------------------------------------- */
 /* size_classes.c */

@@ -229,7 +229,7 @@ size_t mld_huge_cache_purge(bool all) {
   segment_t *s = huge_cache;
   while (s) {
     segment_t *next = s->next;
-    if (all || (mld_opt.dirty_decay_ms >= 0 && now - s->dirty_since >= (uint64_t)mld_opt.dirty_decay_ms)) {
+    if (all || (mld_opt.dirty_decay_ms >= 0 && now - s->dirty_since >= mld_purge_age())) {
       cache_unlink(s);
       bytes += s->map_size;
       mld_owner_set(s, false);

@@ -12,7 +12,7 @@ void mld_arena_maybe_purge(arena_t *a, uint64_t now) {
 /* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free. */
 size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t now = mld_now_ms();
-  uint64_t decay = mld_opt.dirty_decay_ms > 0 ? (uint64_t)mld_opt.dirty_decay_ms : 0;
+  uint64_t decay = mld_purge_age();
   size_t bytes = 0;
   uint64_t next_due = 0;
   mld_arena_reap_abandoned(a, now);
@@ -75,7 +75,7 @@ static bool any_dirty(uint64_t *due) {
       dirty = true;
     }
   }
-  if (dirty && !best) best = mld_now_ms() + (uint64_t)mld_opt.dirty_decay_ms;
+  if (dirty && !best) best = mld_now_ms() + mld_purge_age();
   *due = best;
   return dirty;
 }

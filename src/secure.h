@@ -11,7 +11,17 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
-#define MLD_CANARY 8                                          /* bytes reserved at the end of each small block */
+#define MLD_CANARY 8                                          /* bytes reserved at the end of a small block */
+#define MLD_CANARY_MAX 4096                                   /* classes up to this size carry a canary, larger ones not */
+/* The size whose class serves a request: room for the canary below MLD_CANARY_MAX, none above (a request that
+ * would only fit a canary-carrying class without room for it goes to the first class above). */
+static inline size_t mld_class_request(size_t size) {
+  return size <= MLD_CANARY_MAX - MLD_CANARY ? size + MLD_CANARY : size <= MLD_CANARY_MAX ? MLD_CANARY_MAX + 1 : size;
+}
+/* Usable bytes of a block of a size class. */
+static inline size_t mld_block_usable(size_t block_size) {
+  return block_size <= MLD_CANARY_MAX ? block_size - MLD_CANARY : block_size;
+}
 extern uintptr_t mld_secret MLD_HIDDEN;
 MLD_HIDDEN void mld_secure_init(void);
 MLD_HIDDEN void mld_secure_fail(const char *what, const void *p) __attribute__((noreturn, cold));
@@ -59,12 +69,15 @@ static inline uint64_t canary_value(const void *b) { return (uint64_t)(mld_secre
 /* A small block is handed out: mark it live and arm its canary. */
 static inline void secure_on_alloc(const page_t *pg, block_t *b) {
   bm_flip(b);
-  *canary_at(pg, b) = canary_value(b);
+  if (pg->block_size <= MLD_CANARY_MAX) *canary_at(pg, b) = canary_value(b);
+}
+static inline bool canary_damaged(const page_t *pg, const void *b) {
+  return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(b);
 }
 /* A small block comes back (any thread): it must be live, its canary intact. */
 static inline void secure_check_free(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_test(b))) mld_secure_fail("double free or invalid free of", b);
-  if (unlikely(*canary_at(pg, b) != canary_value(b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
 }
 
 /* The owner frees a small block: the checks above, then its bit is cleared (one bitmap word access). */
@@ -73,12 +86,14 @@ static inline void secure_owner_free(const page_t *pg, const void *b) {
   _Atomic(uint64_t) *w = bm_word(b, &bit);
   uint64_t word = atomic_load_explicit(w, memory_order_relaxed);
   if (unlikely(((uintptr_t)b & 15) || !(word & bit))) mld_secure_fail("double free or invalid free of", b);
-  if (unlikely(*canary_at(pg, b) != canary_value(b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
   atomic_store_explicit(w, word & ~bit, memory_order_relaxed);
 }
 #else
 #define MLD_SECURE_BUILD false
 #define MLD_CANARY 0
+static inline size_t mld_class_request(size_t size) { return size; }
+static inline size_t mld_block_usable(size_t block_size) { return block_size; }
 static inline block_t *blk_next(const page_t *pg, const block_t *b) { (void)pg; return b->next; }
 static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) { (void)pg; b->next = n; }
 #endif

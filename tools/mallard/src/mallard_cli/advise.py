@@ -84,8 +84,8 @@ def advise(m: dict) -> list[Advice]:
     for c in m["classes"]:
         from_arena = c.get("npages", 0) - c.get("npages_cached", 0)
         nmalloc, per_page = c.get("nmalloc", 0), max(1, c.get("objs_per_page", 1))
-        # Pages given back before they were even filled once: each trip to the arena serves less than a page.
-        if from_arena >= 100 and nmalloc / from_arena < per_page:
+        # Frequent trips to the arena, each serving less than two pages' worth of blocks.
+        if from_arena >= 1000 and nmalloc / from_arena < 2 * per_page:
             churn.append((c, from_arena))
     if churn:
         parts, ev, cache = [], [], int(opts.get("page_cache", 4))
