@@ -173,11 +173,11 @@ typedef struct options_s {
 
 extern options_t mld_opt MLD_HIDDEN;
 
-/* Age at which dirty memory is purged: 15/16 of dirty_decay_ms, so that with the wake-up latency of the
- * purging thread memory is back within the decay delay, not just after it. */
+/* Age at which dirty memory is purged: 7/8 of dirty_decay_ms, so that with the wake-up latency of the
+ * purging thread and the time a large purge takes, memory is back within the decay delay, not just after. */
 static inline uint64_t mld_purge_age(void) {
   long d = mld_opt.dirty_decay_ms;
-  return d > 0 ? (uint64_t)(d - d / 16) : 0;
+  return d > 0 ? (uint64_t)(d - d / 8) : 0;
 }
 
 /* ---- cross-file declarations ------------------------------------------------------------------------- */
@@ -291,6 +291,7 @@ MLD_HIDDEN bool mld_large_resize_in_place(page_t *pg, size_t size);
 MLD_HIDDEN bool mld_huge_resize_within(segment_t *seg, size_t size);
 MLD_HIDDEN void *mld_big_aligned_find(const void *p, bool remove);
 MLD_HIDDEN size_t mld_huge_cache_purge(bool all);
+MLD_HIDDEN uint64_t mld_huge_cache_due(void);
 MLD_HIDDEN void mld_huge_fork_prepare(void);
 MLD_HIDDEN void mld_huge_fork_parent(void);
 MLD_HIDDEN void mld_huge_fork_child(void);

@@ -83,12 +83,15 @@ static void cache_unlink(segment_t *seg) {   /* huge_lock held */
 /* Cache a freed mapping, merged with cached mappings right before or after it (mappings are often adjacent,
  * and a merged one serves larger requests); the merged piece keeps the lower header. huge_lock held. */
 static void cache_insert_coalesced(segment_t *seg) {
-#ifndef MALLARD_SECURE   /* guard pages sit between the secure variant's mappings */
   for (segment_t *s = huge_cache; s;) {
     segment_t *next = s->next;
     if ((uint8_t *)s + s->map_size == (uint8_t *)seg || (uint8_t *)seg + seg->map_size == (uint8_t *)s) {
       cache_unlink(s);
       segment_t *lo = s < seg ? s : seg, *hi = s < seg ? seg : s;
+#ifdef MALLARD_SECURE
+      /* The lower piece's guard page ends up inside the merged mapping: make it ordinary memory again. */
+      mprotect((uint8_t *)lo + lo->map_size - MLD_OS_PAGE, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+#endif
       lo->map_size += hi->map_size;
       if (hi->dirty_since > lo->dirty_since) lo->dirty_since = hi->dirty_since;
       mld_owner_set(hi, false);
@@ -97,7 +100,6 @@ static void cache_insert_coalesced(segment_t *seg) {
     }
     s = next;
   }
-#endif
   cache_push(seg);
 }
 
@@ -123,9 +125,12 @@ static segment_t *huge_cache_take(size_t need) {
     if (s->map_size >= need && (!best || s->map_size < best->map_size)) best = s;
   if (best) {
     cache_unlink(best);
-#ifndef MALLARD_SECURE   /* the secure variant's mappings end in a guard page: they are not split */
     size_t cut = round_up(need, MLD_SEGMENT_SIZE);
     if (best->map_size >= cut + MLD_SEGMENT_SIZE) {
+#ifdef MALLARD_SECURE
+      /* The tail keeps the mapping's guard page; the head gets one of its own at its new end. */
+      mprotect((uint8_t *)best + cut - MLD_OS_PAGE, MLD_OS_PAGE, PROT_NONE);
+#endif
       segment_t *tail = (segment_t *)((uint8_t *)best + cut);
       memset(tail, 0, sizeof *tail);
       tail->kind = SEG_HUGE;
@@ -135,7 +140,6 @@ static segment_t *huge_cache_take(size_t need) {
       mld_owner_set(tail, true);
       cache_push(tail);
     }
-#endif
     if (best->map_size > need + need / 4 && best->map_size - need >= MLD_SEGMENT_SIZE) {
       cache_push(best);   /* still too large (a split was not possible): leave it for a better fit */
       best = NULL;
@@ -218,6 +222,17 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
   }
   if (owned) mld_owner_set(seg, false);
   mld_os_unmap(seg, seg->map_size);
+}
+
+/* When the oldest cached huge mapping is due for unmapping (0: the cache is empty). */
+uint64_t mld_huge_cache_due(void) {
+  if (!atomic_load(&mld_huge_cached)) return 0;
+  uint64_t oldest = 0;
+  pthread_mutex_lock(&huge_lock);
+  for (segment_t *s = huge_cache; s; s = s->next)
+    if (!oldest || s->dirty_since < oldest) oldest = s->dirty_since;
+  pthread_mutex_unlock(&huge_lock);
+  return oldest ? oldest + mld_purge_age() : 0;
 }
 
 /* Unmap cached huge mappings older than the decay delay (all if `all`); returns bytes unmapped. */

@@ -64,8 +64,8 @@ static _Atomic(uint64_t) bg_wakeups;
 static _Atomic(int) bg_suspended;         /* set around fork(): no thread is started from the fork handlers */
 
 static bool any_dirty(uint64_t *due) {
-  uint64_t best = 0;
-  bool dirty = atomic_load(&mld_huge_cached) != 0;
+  uint64_t best = mld_huge_cache_due();
+  bool dirty = best != 0;
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) {
     arena_t *a = mld_arenas[i];
