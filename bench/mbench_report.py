@@ -372,6 +372,14 @@ def plots(raw: dict, summary: dict, out_dir: Path) -> list:
 
     allocs = raw["allocators"]
     files = []
+
+    def save(fig, fname):
+        """Lay out, write and close a figure; remember its path."""
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        plt.close(fig)
+        files.append(out_dir / fname)
+
     for metric, title, fname in (("wall", "Wall time / best peer (lower is better)", "time_ratio.png"),
                                  ("rss", "Peak RSS / best peer (lower is better)", "rss_ratio.png")):
         ids = [cid for cid, cl in summary["cells"].items() if cl["timed"] or metric == "rss"]
@@ -389,10 +397,7 @@ def plots(raw: dict, summary: dict, out_dir: Path) -> list:
         ax.set_yscale("log")
         ax.set_title(f"{title}; {raw['mode']} mode, median of {raw['repeats']}")
         ax.legend(fontsize=8, ncol=len(allocs))
-        fig.tight_layout()
-        fig.savefig(out_dir / fname, dpi=110)
-        plt.close(fig)
-        files.append(out_dir / fname)
+        save(fig, fname)
     frag = summary["cells"].get("fragmentation/t1")
     if frag:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -410,10 +415,7 @@ def plots(raw: dict, summary: dict, out_dir: Path) -> list:
         ax.set_ylabel("RSS (MiB)")
         ax.set_title("Memory over time: RSS after each phase")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "fragmentation.png", dpi=110)
-        plt.close(fig)
-        files.append(out_dir / "fragmentation.png")
+        save(fig, "fragmentation.png")
     fp = {a: v for a, v in summary["fastpath"].items() if "error" not in v}
     if fp:
         keys = []
@@ -429,10 +431,7 @@ def plots(raw: dict, summary: dict, out_dir: Path) -> list:
         ax.set_ylabel("ns")
         ax.set_title("Fast path: ns per malloc/free pair and per remote free")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "fastpath.png", dpi=110)
-        plt.close(fig)
-        files.append(out_dir / "fastpath.png")
+        save(fig, "fastpath.png")
     return files
 
 
