@@ -145,6 +145,24 @@ static segment_t *huge_cache_take(size_t need) {
       best = NULL;
     }
   }
+#ifndef MALLARD_SECURE
+  if (!best && huge_cache) {
+    /* Nothing is large enough: grow the largest cached mapping with mremap. Its resident pages move along
+     * (no page faults for them); only the added part is new. */
+    segment_t *big = huge_cache;
+    for (segment_t *s = huge_cache; s; s = s->next)
+      if (s->map_size > big->map_size) big = s;
+    cache_unlink(big);
+    segment_t *grown = mld_os_remap(big, big->map_size, need, MLD_SEGMENT_SIZE);
+    if (grown) {
+      if (grown != big) { mld_owner_set(big, false); mld_owner_set(grown, true); }
+      grown->map_size = need;
+      best = grown;
+    } else {
+      cache_push(big);
+    }
+  }
+#endif
   if (!best) cache_make_room(need);
   pthread_mutex_unlock(&huge_lock);
   return best;
