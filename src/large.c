@@ -29,7 +29,6 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   pg->user = p;
   /* p - start <= extra: what is promised does not depend on where the aligned pointer landed (= nallocx). */
   pg->large_size = (slots << MLD_SLOT_SHIFT) - extra;
-  (void)start;
   if (zero && !was_zero) memset(p, 0, size);
   h->stats.large_nmalloc++;
   h->stats.large_bytes_alloc += pg->large_size;
