@@ -67,7 +67,7 @@ def advise(m: dict) -> list[Advice]:
         ops, cont, wait = mu.get("ops", 0), mu.get("contended", 0), mu.get("wait_ns", 0)
         threads = max(a.get("nthreads_total", 0), a.get("nthreads", 0))
         share = wait / (uptime_ms * 1e6)
-        if threads >= 2 and cont >= 50 and (share >= 0.05 or cont >= 0.01 * ops):
+        if threads >= 2 and cont >= 20 and (share >= 0.05 or cont >= 0.01 * ops):
             hot.append((a, threads, ops, cont, wait, share))
     if hot:
         want = min(64, max(narenas * 2, ncpus * 2, 2))
