@@ -74,19 +74,24 @@ static inline void secure_on_alloc(const page_t *pg, block_t *b) {
 static inline bool canary_damaged(const page_t *pg, const void *b) {
   return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(b);
 }
-/* A small block comes back (any thread): it must be live, its canary intact. */
-static inline void secure_check_free(const page_t *pg, const void *b) {
-  if (unlikely(((uintptr_t)b & 15) || !bm_test(b))) mld_secure_fail("double free or invalid free of", b);
+/* A small block comes back (any thread): it must be live, its canary intact. Returns its bitmap word (the bit
+ * in *bit and the word's value in *word), so that the owner can clear the bit without a second lookup. */
+static inline _Atomic(uint64_t) *secure_check_free_word(const page_t *pg, const void *b, uint64_t *bit, uint64_t *word) {
+  _Atomic(uint64_t) *w = bm_word(b, bit);
+  *word = atomic_load_explicit(w, memory_order_relaxed);
+  if (unlikely(((uintptr_t)b & 15) || !(*word & *bit))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+  return w;
+}
+static inline void secure_check_free(const page_t *pg, const void *b) {
+  uint64_t bit, word;
+  secure_check_free_word(pg, b, &bit, &word);
 }
 
-/* The owner frees a small block: the checks above, then its bit is cleared (one bitmap word access). */
+/* The owner frees a small block: the checks above, then its bit is cleared. */
 static inline void secure_owner_free(const page_t *pg, const void *b) {
-  uint64_t bit;
-  _Atomic(uint64_t) *w = bm_word(b, &bit);
-  uint64_t word = atomic_load_explicit(w, memory_order_relaxed);
-  if (unlikely(((uintptr_t)b & 15) || !(word & bit))) mld_secure_fail("double free or invalid free of", b);
-  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+  uint64_t bit, word;
+  _Atomic(uint64_t) *w = secure_check_free_word(pg, b, &bit, &word);
   atomic_store_explicit(w, word & ~bit, memory_order_relaxed);
 }
 #else
