@@ -119,24 +119,25 @@ static void secure_check_empty(const page_t *pg) {
 }
 #endif
 
-static void page_release(heap_t *h, page_t *pg) {
+/* An empty page leaves the heap's lists: no block of it is live, nobody frees into it any more. */
+static void page_leave(heap_t *h, page_t *pg) {
 #ifdef MALLARD_SECURE
   secure_check_empty(pg);
 #endif
   h->stats.cls[pg->size_class].npages_released++;
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+}
+
+static void page_release(heap_t *h, page_t *pg) {
+  page_leave(h, pg);
   mld_arena_free_span(segment_of(pg)->arena, pg);
 }
 
 /* An empty page leaves the class lists: keep it in the page cache while the cache holds fewer than
  * page_cache slots in all, else give it back to its arena. */
 static void page_release_or_cache(heap_t *h, page_t *pg) {
-#ifdef MALLARD_SECURE
-  secure_check_empty(pg);
-#endif
   if (h->ncache + pg->slot_count <= mld_opt.page_cache && segment_of(pg)->arena == h->arena) {
-    h->stats.cls[pg->size_class].npages_released++;
-    atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);   /* no block of it is live */
+    page_leave(h, pg);
     pg->next = h->cache;
     h->cache = pg;
     h->ncache += pg->slot_count;
