@@ -28,7 +28,10 @@ static inline void *alloc_class(unsigned c) {
 
 static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
   heap_t *h = mld_heap_get();
-  if (!h) { errno = ENOMEM; return NULL; }
+  if (!h) {
+    if (!mld_tls_exiting) { errno = ENOMEM; return NULL; }
+    h = &mld_heap_empty;   /* past its heap's TLS destructor: counted in the shared record, spans from arena 0 */
+  }
   return mld_large_alloc(h, size, align, zero);
 }
 
@@ -100,8 +103,6 @@ static size_t usable_size(const void *p, const char *what) {
   return 0;
 }
 
-static size_t size_round_page(size_t n) { return (n + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1); }
-
 /* An aligned block; align is a power of two. Small requests use a class whose size is a multiple of align. */
 /* The size class serving `size` bytes aligned to `align` (a power of two), or MLD_NUM_CLASSES when the
  * request needs a large or huge block. */
@@ -121,33 +122,43 @@ static void *alloc_aligned(size_t align, size_t size) {
   return alloc_big(size, align, false);
 }
 
+/* Only for values already bounded (at most MLD_LARGE_MAX plus an alignment below MLD_MAX_REQUEST). */
 static size_t round_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
-/* The usable size a request would get (jemalloc's nallocx); 0 when it cannot be served. */
+/* The usable size a request would get (jemalloc's nallocx); 0 when it cannot be served. It follows the
+ * computations of mld_large_alloc and mld_huge_alloc step by step, with the same overflow checks. */
 static size_t good_size(size_t size, size_t align) {
   if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
+  if (size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST) return 0;
   unsigned c = class_for(size, align);
   if (c < MLD_NUM_CLASSES) return mld_block_usable(mld_class_size[c]);
-  if (size > ((size_t)1 << 62)) return 0;
-  size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;
-  if (size <= MLD_LARGE_MAX && size + extra <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
-    return round_to(size + extra, MLD_SLOT_SIZE) - extra;
-  size_t off = round_to(MLD_HUGE_HEADER, align);
-  return round_to(off + size, MLD_OS_PAGE) - off;
+  if (size == 0) size = 1;
+  size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0, span, off, need;
+  if (size <= MLD_LARGE_MAX && mld_add(size, extra, &span) && span <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
+    return round_to(span, MLD_SLOT_SIZE) - extra;
+  if (align >= MLD_SEGMENT_SIZE) off = align;
+  else if (!mld_round(MLD_HUGE_HEADER, align, &off)) return 0;
+  if (!mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || need > MLD_MAX_REQUEST - MLD_OS_PAGE) return 0;
+  return need - off;
 }
 
-static void *zalloc(size_t total) {
-  if (total <= MLD_MEDIUM_MAX) {
-    void *p = alloc_class(mld_size_class(mld_class_request(total)));
-    if (p) memset(p, 0, total);
+/* A zeroed block: all of its usable size is zero (malloc_usable_size promises those bytes), and fresh mappings
+ * are not written (they are zero already). */
+static void *zalloc_aligned(size_t align, size_t size) {
+  unsigned c = class_for(size, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
+  if (c < MLD_NUM_CLASSES) {
+    void *p = alloc_class(c);
+    if (p) memset(p, 0, mld_block_usable(mld_class_size[c]));
     return p;
   }
-  return alloc_big(total, MLD_MIN_ALIGN, true);
+  return alloc_big(size, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align, true);
 }
+static void *zalloc(size_t total) { return zalloc_aligned(MLD_MIN_ALIGN, total); }
 
 static void *reallocate(void *p, size_t size) {
   if (!p) return alloc(size);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
+  if (unlikely(size > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }   /* the block stays as it was */
   segment_t *seg = segment_of(p);
   size_t old, want = size;
   if (likely(mld_owned(seg))) {
@@ -163,7 +174,8 @@ static void *reallocate(void *p, size_t size) {
       /* The secure variant moves huge blocks (mremap would carry the guard page along): it resizes within the
        * mapping when it can, and grows by half again when it must move, so that growth costs O(n) copying. */
       if (size > MLD_LARGE_MAX && mld_huge_resize_within(seg, size)) return p;
-      if (size > old && size > MLD_LARGE_MAX) want = size + size / 2;
+      if (size > old && size > MLD_LARGE_MAX && (!mld_add(size, size / 2, &want) || want > MLD_MAX_REQUEST))
+        want = size;   /* no room to grow geometrically: exactly what was asked */
 #endif
     } else {
       page_t *pg = page_of(seg, p);
@@ -238,8 +250,8 @@ MLD_EXPORT void *mallard_memalign(size_t align, size_t size) {
 MLD_EXPORT void *mallard_valloc(size_t size) { return alloc_aligned(MLD_OS_PAGE, size); }
 
 MLD_EXPORT void *mallard_pvalloc(size_t size) {
-  size_t r = size_round_page(size ? size : 1);
-  if (r < size) { errno = ENOMEM; return NULL; }
+  size_t r;
+  if (!mld_round(size ? size : 1, MLD_OS_PAGE, &r)) { errno = ENOMEM; return NULL; }
   return alloc_aligned(MLD_OS_PAGE, r);
 }
 
@@ -258,9 +270,8 @@ MLD_EXPORT size_t mallard_nallocx(size_t size, int flags) { return good_size(siz
 
 MLD_EXPORT void *mallard_mallocx(size_t size, int flags) {
   size_t align = MLD_X_ALIGN(flags);
-  void *p = alloc_aligned(align, size ? size : 1);
-  if (p && (flags & MLD_X_ZERO)) memset(p, 0, size);
-  return p;
+  if (flags & MLD_X_ZERO) return zalloc_aligned(align, size ? size : 1);
+  return alloc_aligned(align, size ? size : 1);
 }
 
 MLD_EXPORT void *mallard_rallocx(void *p, size_t size, int flags) {
@@ -285,17 +296,20 @@ MLD_EXPORT void mallard_sdallocx(void *p, size_t size, int flags) { (void)size; 
 
 MLD_EXPORT bool mallard_owns(const void *p) {
   segment_t *seg = segment_of(p);
-  if (!mld_owned(seg)) return p && mld_big_aligned_find(p, false) != NULL;
-  if (seg->kind == SEG_HUGE) return (const uint8_t *)p >= (const uint8_t *)seg->user;
+  if (!mld_owned(seg)) return mld_huge_find(p) != NULL;   /* beyond a huge block's first 4 MiB, or over-aligned */
+  if (seg->kind == SEG_HUGE) return mld_huge_find(p) == seg;
   page_t *pg = page_of(seg, p);
   return pg->kind == PAGE_SMALL || pg->kind == PAGE_LARGE;
 }
 
-MLD_EXPORT void mallard_collect(bool force) {
+/* Give back what can be given back; returns the bytes returned to the OS. */
+static size_t collect(bool force) {
   mld_ensure_init();
   mld_heap_collect(mld_tls_heap, force);
-  mld_purge_all(force);
+  return mld_purge_all(force);
 }
+
+MLD_EXPORT void mallard_collect(bool force) { collect(force); }
 
 /* ---- replacing the malloc family ---- */
 #ifdef MALLARD_OVERRIDE
@@ -331,13 +345,20 @@ void dallocx(void *p, int flags) ALIAS(mallard_dallocx);
 void sdallocx(void *p, size_t size, int flags) ALIAS(mallard_sdallocx);
 
 /* glibc extensions some programs call: answered by Mallard so glibc's own (unused) heap is never consulted. */
+/* glibc: 1 if some memory was released to the system, else 0. `pad` (bytes to keep at the top of glibc's main
+ * heap) has no counterpart: Mallard has no such heap. */
 __attribute__((visibility("default"))) int malloc_trim(size_t pad) {
   (void)pad;
-  mallard_collect(true);
-  return 1;
+  return collect(true) > 0;
 }
+/* glibc: 1 on success, 0 on error. M_ARENA_MAX (-8) caps the arenas threads spread over; every other parameter
+ * is glibc's own heap tuning, which does not apply: 0, as glibc answers for a parameter it does not know. */
 __attribute__((visibility("default"))) int mallopt(int param, int value) {
-  (void)param; (void)value;
-  return 1;
+  if (param == -8 /* M_ARENA_MAX */ && value >= 1 && value <= MLD_MAX_ARENAS) {
+    mld_ensure_init();
+    atomic_store(&mld_arena_cap, (unsigned)value);
+    return 1;
+  }
+  return 0;
 }
 #endif

@@ -63,6 +63,7 @@ void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL)
 
 static void span_mark_free(page_t *pg, size_t n) {
   pg->kind = PAGE_FREE;
+  pg->abandoned = 0;
   pg->slot_count = (uint32_t)n;
   pg->offset = 0;
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
@@ -174,6 +175,7 @@ page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
   mld_span_set_used(pg, slots, PAGE_LARGE);
   mld_arena_maybe_purge(a, mld_now_ms());
   arena_unlock(a);
+  mld_huge_cache_age();
   return pg;
 }
 
@@ -218,6 +220,7 @@ void mld_arena_free_span(arena_t *a, page_t *pg) {
   mld_arena_maybe_purge(a, now);
   arena_unlock(a);
   mld_dirty_notify();
+  mld_huge_cache_age();
 }
 
 /* Take an abandoned page of class `cls` for heap h; the caller collects its remote frees. */
@@ -229,21 +232,52 @@ page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
     a->abandoned[cls] = pg->next;
     if (pg->next) pg->next->prev = NULL;
     pg->next = pg->prev = NULL;
+    pg->abandoned = 0;
     atomic_store_explicit(&pg->heap, h, memory_order_release);
   }
   arena_unlock(a);
+  if (pg) MLD_RACE_WINDOW();   /* adopted: remote frees now go to its thread_free list again */
   return pg;
 }
 
 void mld_arena_abandon(arena_t *a, page_t *pg) {
   arena_lock(a);
   atomic_store_explicit(&pg->heap, NULL, memory_order_release);
+  pg->abandoned = 1;
   unsigned cls = pg->size_class;
   pg->prev = NULL;
   pg->next = a->abandoned[cls];
   if (pg->next) pg->next->prev = pg;
   a->abandoned[cls] = pg;
   arena_unlock(a);
+  MLD_RACE_WINDOW();   /* abandoned: adopters, reapers and remote frees may take it from here on */
+}
+
+/* A remote free into a page whose owner exited. Under the arena lock the page cannot be adopted meanwhile: the
+ * block goes straight onto the page's list, and a page left empty goes back to the arena at once (it would
+ * otherwise wait for the next purge pass). False: the page is not abandoned (any more); push the usual way. */
+bool mld_arena_free_abandoned_block(page_t *pg, block_t *b) {
+  arena_t *a = segment_of(pg)->arena;   /* the segment lives: b is one of its live blocks */
+  arena_lock(a);
+  if (!pg->abandoned) { arena_unlock(a); return false; }
+  mld_page_collect_remote(pg);
+#ifdef MALLARD_SECURE
+  bm_flip(b);   /* checked live by the caller: clear its bit as the owner would */
+#endif
+  blk_set_next(pg, b, pg->free);
+  pg->free = b;
+  bool emptied = --pg->used == 0;
+  if (emptied) {
+    unsigned cls = pg->size_class;
+    if (pg->prev) pg->prev->next = pg->next; else a->abandoned[cls] = pg->next;
+    if (pg->next) pg->next->prev = pg->prev;
+    pg->next = pg->prev = NULL;
+    pg->abandoned = 0;
+    free_span_locked(a, pg, mld_now_ms());
+  }
+  arena_unlock(a);
+  if (emptied) mld_dirty_notify();
+  return true;
 }
 
 /* Free abandoned pages whose blocks have all come back by remote frees (lock held). */
@@ -257,6 +291,7 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
         if (pg->prev) pg->prev->next = pg->next; else a->abandoned[c] = pg->next;
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
+        pg->abandoned = 0;
         free_span_locked(a, pg, now);
       }
       pg = next;

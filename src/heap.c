@@ -15,6 +15,8 @@ static heap_t *heaps_pool;              /* heap structs of exited threads, reuse
 heap_stats_t mld_dead_stats;            /* counters of exited threads, folded in when they exit */
 heap_stats_t mld_orphan_stats;          /* counters of frees by threads that never allocated */
 __thread bool mld_tls_contended __attribute__((tls_model("initial-exec")));   /* set when this thread waited for an arena lock */
+_Atomic(unsigned) mld_arena_cap;          /* mallopt(M_ARENA_MAX): threads spread over at most this many (0: all) */
+__thread bool mld_tls_exiting __attribute__((tls_model("initial-exec")));     /* set by the heap's TLS destructor */
 extern pthread_key_t mld_heap_key;
 
 /* ---- page lists ---- */
@@ -48,10 +50,15 @@ void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src) {
   for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++) d[i] += __atomic_load_n(&s[i], __ATOMIC_RELAXED);
 }
 
+/* The calling thread's heap, made on first use; NULL when none can be made (no memory, or the thread is past its
+ * heap's TLS destructor: a heap made now might never be abandoned, so such a thread uses the exit heap). */
 heap_t *mld_heap_get(void) {
   heap_t *h = mld_tls_heap;
   if (h != &mld_heap_empty) return h;
+  if (mld_tls_exiting) return NULL;
   mld_ensure_init();
+  /* Arena 0 may be missing when memory ran out during initialisation: every heap needs it. */
+  if (!mld_arena_get(0) && mld_arena_create() < 0) return NULL;
   pthread_mutex_lock(&mld_heaps_mutex);
   h = heaps_pool;
   if (h) heaps_pool = h->next_free;
@@ -78,10 +85,14 @@ heap_t *mld_heap_get(void) {
 /* The heap's arena for its next span. A thread whose last arena operation had to wait for the lock moves to
  * the next automatic arena: threads spread over the arenas as contention appears, and only then. */
 arena_t *mld_heap_arena(heap_t *h) {
+  if (unlikely(h == &mld_heap_empty)) return mld_arena_get(0);   /* a thread past its heap (exit heap, large blocks) */
   if (unlikely(mld_tls_contended)) {
     mld_tls_contended = false;
     unsigned n = atomic_load_explicit(&mld_narenas, memory_order_acquire);
     unsigned autos = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : mld_auto_arenas;
+    if (autos > n) autos = n;   /* some automatic arenas could not be made (no memory at initialisation) */
+    unsigned cap = atomic_load_explicit(&mld_arena_cap, memory_order_relaxed);
+    if (cap && autos > cap) autos = cap;
     if (!h->bound && autos > 1) {
       arena_t *next = mld_arenas[(h->arena->index + 1) % autos];
       pthread_mutex_lock(&mld_heaps_mutex);
@@ -188,8 +199,9 @@ static void visit_pages(heap_t *h, page_visit_t visit, bool force) {
 
 /* Thread exit: an empty page goes back to its arena, the others are abandoned for adoption. */
 static void abandon_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force) {
-  (void)c; (void)force;
+  (void)force;
   list_remove(list, pg);
+  set_current(h, c);   /* never leave current[c] on a page that is being given away */
   pg->in_full = 0;
   mld_page_collect(pg);
   if (pg->used == 0) page_release(h, pg);
@@ -201,6 +213,7 @@ static void collect_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
   mld_page_collect(pg);
   if (pg->used == 0 && (force || pg != h->avail[c].head)) {
     list_remove(list, pg);
+    set_current(h, c);   /* before the release: nothing may allocate from a page that went back to its arena */
     page_release(h, pg);
   } else if (pg->in_full && pg->free) {
     list_remove(list, pg);
@@ -296,6 +309,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
 
 void *mld_malloc_slow(heap_t *h, unsigned c) {
   if (unlikely(h == &mld_heap_empty)) {
+    if (unlikely(mld_tls_exiting)) return mld_exit_alloc(c);
     h = mld_heap_get();
     if (!h) { errno = ENOMEM; return NULL; }
   }
@@ -310,8 +324,46 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
 #endif
   h->stats.cls[c].nmalloc++;
   h->stats.cls[c].nrefills++;
+  mld_purge_thread_maybe_start();   /* no lock held, lists consistent: see purge.c */
   return b;
 }
+
+/* ---- the exit heap: allocations of threads past their heap's TLS destructor ----
+ * Such a thread (a TLS destructor of the program that allocates, in any round) must not make a heap that no
+ * destructor would abandon. It allocates from one shared heap under a lock; its frees, like every free of the
+ * exit heap's blocks, take the remote path (no thread has the exit heap as its own). */
+static pthread_mutex_t exit_lock = PTHREAD_MUTEX_INITIALIZER;
+/* bound: it never moves between arenas (it is no thread's, and counts in no arena's nthreads). */
+static heap_t exit_heap = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty }, .bound = true };
+
+void *mld_exit_alloc(unsigned c) {
+  mld_ensure_init();
+  pthread_mutex_lock(&exit_lock);
+  if (!exit_heap.arena) exit_heap.arena = mld_arena_get(0);
+  void *b = NULL;
+  if (exit_heap.arena) {
+    page_t *pg = heap_find_page(&exit_heap, c);
+    if (pg) {
+      exit_heap.current[c] = pg;
+      b = pg->free;
+      pg->free = blk_next(pg, b);
+      pg->used++;
+#ifdef MALLARD_SECURE
+      secure_on_alloc(pg, b);
+#endif
+      __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
+    } else {
+      set_current(&exit_heap, c);
+    }
+  }
+  pthread_mutex_unlock(&exit_lock);
+  if (!b) errno = ENOMEM;
+  return b;
+}
+
+void mld_exit_heap_lock(void) { pthread_mutex_lock(&exit_lock); }
+void mld_exit_heap_unlock(void) { pthread_mutex_unlock(&exit_lock); }
+void mld_exit_heap_fork_child(void) { pthread_mutex_init(&exit_lock, NULL); }
 
 /* May the class's only page stay with the heap although empty? One-slot pages always; multi-slot pages while
  * the heap keeps at most MLD_KEEP_SLOTS slots of them (a loop over medium sizes must not thrash, an idle
@@ -350,16 +402,21 @@ void mld_page_retire(heap_t *h, page_t *pg) {
 void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
   heap_t *h = mld_tls_heap;
   if (unlikely(seg->kind == SEG_HUGE)) {
-    if (p != seg->user) { mld_report_invalid("free", p); return; }
-    mld_huge_free(h, seg, p);
+    mld_huge_free(h, seg, p);   /* checks that p is the live block of the mapping */
     return;
   }
   if (pg->kind == PAGE_SMALL) {
-    /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
     block_t *b = p;
 #ifdef MALLARD_SECURE
     secure_check_free(pg, b);   /* the owner clears the bitmap bit when it collects the block */
 #endif
+    /* Counted first: once the block is published, the page may be collected, released and reused by others. */
+    MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
+    MLD_STAT_ADD(h, remote_frees, 1);
+    /* A page of an exited thread: freed under its arena's lock, and given back as soon as it is empty. */
+    if (unlikely(atomic_load_explicit(&pg->heap, memory_order_acquire) == NULL) && mld_arena_free_abandoned_block(pg, b))
+      return;
+    /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
     block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
     do {
 #ifdef MALLARD_SECURE
@@ -367,8 +424,7 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
 #endif
       blk_set_next(pg, b, old);
     } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, b, memory_order_release, memory_order_relaxed));
-    MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
-    MLD_STAT_ADD(h, remote_frees, 1);
+    MLD_RACE_WINDOW();   /* the block is published: nothing of the page may be touched from here on */
     return;
   }
   if (pg->kind == PAGE_LARGE && p == pg->user) {
@@ -379,12 +435,14 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
 }
 
 /* ---- fork ---- */
-void mld_heaps_lock(void) { pthread_mutex_lock(&mld_heaps_mutex); }
-void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); }
+/* The exit heap's lock is taken before the heaps' (it is held while a page is found, which may take them). */
+void mld_heaps_lock(void) { mld_exit_heap_lock(); pthread_mutex_lock(&mld_heaps_mutex); }
+void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); mld_exit_heap_unlock(); }
 
 /* In the child only the forking thread lives. The other threads' heaps may have been mid-update (their owners
  * change them without locks), so they are left alone: their pages stay allocated in the child, as in jemalloc
  * and mimalloc. Their statistics remain readable. */
 void mld_heaps_fork_child(void) {
   pthread_mutex_init(&mld_heaps_mutex, NULL);
+  mld_exit_heap_fork_child();
 }

@@ -15,7 +15,8 @@ static pthread_t init_thread;
 static void heap_destructor(void *arg) {
   heap_t *h = arg;
   if (!h || h == &mld_heap_empty) return;
-  mld_tls_heap = &mld_heap_empty;        /* later frees in this thread take the remote path; a later malloc makes a new heap */
+  mld_tls_heap = &mld_heap_empty;        /* later frees in this thread take the remote path */
+  mld_tls_exiting = true;                /* later mallocs use the exit heap: a new heap might never be abandoned */
   mld_heap_abandon(h);
 }
 
@@ -66,8 +67,12 @@ void mld_init_slow(void) {
     if (!mld_os_init()) mld_fatal("mallard: cannot reserve the ownership map\n");
     size_t n = mld_opt.narenas ? mld_opt.narenas : mld_ncpus();
     if (n > MLD_MAX_ARENAS) n = MLD_MAX_ARENAS;
-    for (size_t i = 0; i < n; i++) mld_arena_create();
-    mld_auto_arenas = (unsigned)n;
+    /* Without memory some arenas are missing: threads spread over those that exist, and the first heap
+     * retries arena 0 (every call fails cleanly with ENOMEM until memory is back). */
+    size_t made = 0;
+    while (made < n && mld_arena_create() >= 0) made++;
+    mld_auto_arenas = made ? (unsigned)made : 1;
+    mld_purge_init();
     pthread_key_create(&mld_heap_key, heap_destructor);
     atomic_store_explicit(&mld_initialized, 2, memory_order_release);
     /* These may allocate: the allocator is ready by now. */

@@ -35,6 +35,9 @@
 #define MLD_MAX_ARENAS 64
 #define MLD_KEEP_SLOTS 16                                 /* slots of empty multi-slot current pages a heap keeps */
 #define MLD_ADDR_BITS 47                                  /* user address space covered by the ownership map */
+/* The largest request ever served: no mapping can be larger (glibc refuses above PTRDIFF_MAX too); every size
+ * computation below is done on values at most this large, plus bounded headers and alignments, with checks. */
+#define MLD_MAX_REQUEST ((size_t)PTRDIFF_MAX)
 
 /* ---- blocks, pages, segments ----------------------------------------------------------------------- */
 typedef struct block_s { struct block_s *next; } block_t;
@@ -60,7 +63,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
   uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
-  uint8_t pad_[2];
+  uint8_t abandoned;                     /* small page on its arena's abandoned list (arena lock protects it) */
+  uint8_t pad_[1];
   uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
   uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
@@ -97,6 +101,25 @@ static inline uint8_t *page_start(const page_t *pg) {
   return (uint8_t *)seg + ((size_t)(pg - seg->pages) << MLD_SLOT_SHIFT);
 }
 static inline size_t slot_index(const page_t *pg) { return (size_t)(pg - segment_of(pg)->pages); }
+
+/* ---- size arithmetic: every computation on a user-supplied size goes through these ---------------- */
+/* *out = a + b; false on overflow. */
+static inline bool mld_add(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }
+/* *out = x rounded up to the power of two `a`; false on overflow. */
+static inline bool mld_round(size_t x, size_t a, size_t *out) {
+  size_t t;
+  if (__builtin_add_overflow(x, a - 1, &t)) return false;
+  *out = t & ~(a - 1);
+  return true;
+}
+
+/* ---- race-window widening (test builds with MALLARD_RACE_DELAY): a short random pause where memory changes hands */
+#ifdef MALLARD_RACE_DELAY
+MLD_HIDDEN void mld_race_delay(void);
+#define MLD_RACE_WINDOW() mld_race_delay()
+#else
+#define MLD_RACE_WINDOW() ((void)0)
+#endif
 
 /* ---- statistics (per heap, summed when read) --------------------------------------------------------- */
 typedef struct class_stats_s {
@@ -192,7 +215,7 @@ static inline unsigned mld_size_class(size_t size) {
 /* os.c */
 MLD_HIDDEN void *mld_os_map_aligned(size_t size, size_t align);
 MLD_HIDDEN void mld_os_unmap(void *p, size_t size);
-MLD_HIDDEN void mld_os_purge(void *p, size_t size);
+MLD_HIDDEN bool mld_os_purge(void *p, size_t size);               /* false: the memory was not released */
 MLD_HIDDEN void mld_os_thp(void *p, size_t size, bool huge_block);
 MLD_HIDDEN void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align);
 MLD_HIDDEN bool mld_os_init(void);
@@ -240,8 +263,10 @@ MLD_HIDDEN void mld_segment_release(arena_t *a, segment_t *seg);       /* lock h
 /* purge.c */
 MLD_HIDDEN void mld_arena_maybe_purge(arena_t *a, uint64_t now);   /* lock held */
 MLD_HIDDEN size_t mld_arena_purge(arena_t *a, bool all);          /* lock held; returns bytes purged */
-MLD_HIDDEN void mld_purge_all(bool force);
+MLD_HIDDEN size_t mld_purge_all(bool force);                      /* returns bytes given back to the OS */
 MLD_HIDDEN void mld_dirty_notify(void);
+MLD_HIDDEN void mld_purge_thread_maybe_start(void);                /* allocation slow paths only: see purge.c */
+MLD_HIDDEN void mld_purge_init(void);
 MLD_HIDDEN void mld_purge_fork_prepare(void);
 MLD_HIDDEN void mld_purge_fork_parent(void);
 MLD_HIDDEN void mld_purge_fork_child(void);
@@ -268,7 +293,14 @@ MLD_HIDDEN void mld_heaps_fork_child(void);
 MLD_HIDDEN bool mld_heap_bind_arena(heap_t *h, unsigned index);
 MLD_HIDDEN arena_t *mld_heap_arena(heap_t *h);
 extern __thread bool mld_tls_contended MLD_HIDDEN;
+extern __thread bool mld_tls_exiting MLD_HIDDEN;                  /* this thread's heap was abandoned at exit */
+MLD_HIDDEN void *mld_exit_alloc(unsigned cls);
+MLD_HIDDEN void mld_exit_heap_lock(void);
+MLD_HIDDEN void mld_exit_heap_unlock(void);
+MLD_HIDDEN void mld_exit_heap_fork_child(void);
+MLD_HIDDEN bool mld_arena_free_abandoned_block(page_t *pg, block_t *b);
 extern unsigned mld_auto_arenas MLD_HIDDEN;
+extern _Atomic(unsigned) mld_arena_cap MLD_HIDDEN;
 extern pthread_mutex_t mld_heaps_mutex MLD_HIDDEN;
 extern heap_t *mld_heaps_all MLD_HIDDEN;
 extern heap_stats_t mld_dead_stats MLD_HIDDEN;
@@ -291,6 +323,8 @@ MLD_HIDDEN bool mld_large_resize_in_place(page_t *pg, size_t size);
 MLD_HIDDEN bool mld_huge_resize_within(segment_t *seg, size_t size);
 MLD_HIDDEN void *mld_big_aligned_find(const void *p, bool remove);
 MLD_HIDDEN size_t mld_huge_cache_purge(bool all);
+MLD_HIDDEN void *mld_huge_find(const void *p);
+MLD_HIDDEN void mld_huge_cache_age(void);                          /* unmap what is due; outside every lock */                     /* the huge block containing p, or NULL */
 MLD_HIDDEN uint64_t mld_huge_cache_due(void);
 MLD_HIDDEN void mld_huge_fork_prepare(void);
 MLD_HIDDEN void mld_huge_fork_parent(void);

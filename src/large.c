@@ -11,28 +11,35 @@ _Atomic(uint64_t) mld_huge_cached;     /* bytes of freed huge mappings kept for 
 static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
 static segment_t *huge_cache;          /* freed huge mappings, newest first */
 static segment_t *big_aligned;         /* huge blocks aligned beyond a segment: their header is not at segment_of(p) */
+static _Atomic(uint64_t) huge_due_ms;  /* when the oldest cached mapping is due (0: cache empty); a cheap check */
+static _Atomic(size_t) huge_max_map;   /* the largest huge mapping ever made: bounds mld_huge_find's walk */
 
+/* Only for sizes already bounded (headers, alignments, MLD_MAX_REQUEST): cannot overflow. */
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
 /* ---- large: spans of 64 KiB slots ---- */
 void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
+  if (unlikely(size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }
   size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;   /* slot starts are 64 KiB aligned */
   if (size == 0) size = 1;   /* the aligned pointer must still lie inside the span */
-  if (size > MLD_LARGE_MAX || size + extra > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
+  size_t span;
+  if (size > MLD_LARGE_MAX || !mld_add(size, extra, &span) || span > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
     return mld_huge_alloc(h, size, align, zero);
-  size_t slots = (size + extra + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
+  size_t slots = (span + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
   bool was_zero;
-  page_t *pg = mld_arena_alloc_span(mld_heap_arena(h), slots, &was_zero);
+  arena_t *a = mld_heap_arena(h);
+  page_t *pg = a ? mld_arena_alloc_span(a, slots, &was_zero) : NULL;
   if (!pg) { errno = ENOMEM; return NULL; }
   uint8_t *start = page_start(pg);
   uint8_t *p = (uint8_t *)round_up((uintptr_t)start, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
   pg->user = p;
   /* p - start <= extra: what is promised does not depend on where the aligned pointer landed (= nallocx). */
   pg->large_size = (slots << MLD_SLOT_SHIFT) - extra;
-  if (zero && !was_zero) memset(p, 0, size);
-  h->stats.large_nmalloc++;
-  h->stats.large_bytes_alloc += pg->large_size;
+  if (zero && !was_zero) memset(p, 0, pg->large_size);   /* all of the usable size, as calloc promises */
+  MLD_STAT_ADD(h, large_nmalloc, 1);
+  MLD_STAT_ADD(h, large_bytes_alloc, pg->large_size);
   __atomic_fetch_add(&segment_of(pg)->arena->large_active, pg->large_size, __ATOMIC_RELAXED);
+  mld_purge_thread_maybe_start();
   return p;
 }
 
@@ -61,10 +68,11 @@ bool mld_large_resize_in_place(page_t *pg, size_t size) {
 }
 
 /* ---- huge: one mapping per block, 4 MiB aligned, with a segment header in front ---- */
-/* Where the user pointer starts in a huge mapping: after the header, at a multiple of the alignment. */
-static size_t huge_offset(size_t align) { return round_up(MLD_HUGE_HEADER, align); }
 
 static void cache_push(segment_t *seg) {   /* huge_lock held */
+  __atomic_store_n(&seg->user, NULL, __ATOMIC_RELEASE);   /* a cached mapping holds no block: a second free of the old pointer is reported, not cached */
+  uint64_t due = seg->dirty_since + mld_purge_age(), cur = atomic_load(&huge_due_ms);
+  if (!cur || due < cur) atomic_store(&huge_due_ms, due);
   seg->prev = NULL;
   seg->next = huge_cache;
   if (huge_cache) huge_cache->prev = seg;
@@ -114,6 +122,24 @@ static void cache_make_room(size_t need) {
   }
 }
 
+static void huge_max_note(size_t map_size) {
+  size_t cur = atomic_load_explicit(&huge_max_map, memory_order_relaxed);
+  while (map_size > cur && !atomic_compare_exchange_weak(&huge_max_map, &cur, map_size)) {}
+}
+
+/* mremap a huge mapping, keeping the ownership map right: the old granule's bit is cleared before the mapping
+ * may move (once mremap has released the old range, another thread may map there and set its own bit), and set
+ * again where the mapping is afterwards (restored when mremap fails). */
+static segment_t *huge_remap(segment_t *seg, size_t old_size, size_t new_size) {
+  mld_owner_set(seg, false);
+  MLD_RACE_WINDOW();
+  segment_t *ns = mld_os_remap(seg, old_size, new_size, MLD_SEGMENT_SIZE);
+  MLD_RACE_WINDOW();
+  mld_owner_set(ns ? ns : seg, true);
+  if (ns) huge_max_note(new_size);
+  return ns;
+}
+
 /* Best fit among the cached mappings. One much larger than needed is split at a segment boundary: the tail
  * (resident memory, reused without page faults) goes back to the cache with a header of its own. */
 static segment_t *huge_cache_take(size_t need) {
@@ -152,9 +178,8 @@ static segment_t *huge_cache_take(size_t need) {
     for (segment_t *s = huge_cache; s; s = s->next)
       if (s->map_size > big->map_size) big = s;
     cache_unlink(big);
-    segment_t *grown = mld_os_remap(big, big->map_size, need, MLD_SEGMENT_SIZE);
+    segment_t *grown = huge_remap(big, big->map_size, need);
     if (grown) {
-      if (grown != big) { mld_owner_set(big, false); mld_owner_set(grown, true); }
       grown->map_size = need;
       best = grown;
     } else {
@@ -169,14 +194,20 @@ static segment_t *huge_cache_take(size_t need) {
 
 void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
-  bool big = align >= MLD_SEGMENT_SIZE;
-  size_t off = big ? align : huge_offset(align);
-  if (size > SIZE_MAX - off - MLD_OS_PAGE) { errno = ENOMEM; return NULL; }
   size_t guard = 0;
 #ifdef MALLARD_SECURE
   guard = MLD_OS_PAGE;   /* an inaccessible page right after every huge block */
 #endif
-  size_t need = round_up(off + size, MLD_OS_PAGE) + guard;
+  bool big = align >= MLD_SEGMENT_SIZE;
+  size_t off, need;
+  /* need = round_up(off + size, page) + guard, every step checked (sizes near SIZE_MAX wrap otherwise). */
+  if (size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST ||
+      !(big ? (off = align, true) : mld_round(MLD_HUGE_HEADER, align, &off)) ||
+      !mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &need) ||
+      need > MLD_MAX_REQUEST) {
+    errno = ENOMEM;
+    return NULL;
+  }
   segment_t *seg = big ? NULL : huge_cache_take(need);
   bool fresh = false;
   if (!seg) {
@@ -188,10 +219,11 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     if (guard) mprotect((uint8_t *)seg + need - guard, guard, PROT_NONE);
     if (mld_opt.thp) mld_os_thp(seg, need, true);
     mld_os_name(seg, need, "mallard-huge");
+    huge_max_note(need);
   }
-  seg->user = (uint8_t *)seg + off;
   seg->user_size = need - off - guard;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
-  if (zero && !fresh) memset(seg->user, 0, size);
+  if (zero && !fresh) memset((uint8_t *)seg + off, 0, seg->user_size);   /* all of the usable size */
+  __atomic_store_n(&seg->user, (uint8_t *)seg + off, __ATOMIC_RELEASE);   /* mld_huge_find reads it */
   atomic_fetch_add(&mld_huge_active, seg->map_size);
   if (big) {
     pthread_mutex_lock(&huge_lock);
@@ -204,7 +236,10 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   }
   MLD_STAT_ADD(h, huge_nmalloc, 1);
   MLD_STAT_ADD(h, huge_bytes_alloc, seg->user_size);
-  return seg->user;
+  void *user = seg->user;
+  mld_huge_cache_age();
+  mld_purge_thread_maybe_start();
+  return user;
 }
 
 /* Find (and optionally unlink) the header of a huge block aligned beyond a segment. */
@@ -223,11 +258,17 @@ void *mld_big_aligned_find(const void *p, bool remove) {
 }
 
 void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
-  (void)p;
+  /* Claim the block: of two frees of one pointer only one finds it live (the other is reported, never cached
+   * twice, which would make a cycle in the cache). */
+  void *expect = p;
+  if (!__atomic_compare_exchange_n(&seg->user, &expect, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+    mld_report_invalid("free", p);
+    return;
+  }
   MLD_STAT_ADD(h, huge_nfree, 1);
   MLD_STAT_ADD(h, huge_bytes_free, seg->user_size);
   atomic_fetch_sub(&mld_huge_active, seg->map_size);
-  bool owned = mld_owned(seg) && segment_of(seg->user) == seg;
+  bool owned = mld_owned(seg) && segment_of(p) == seg;
   if (owned && mld_opt.dirty_decay_ms != 0 && seg->map_size <= mld_opt.huge_cache_max &&
       atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
     pthread_mutex_lock(&huge_lock);
@@ -235,10 +276,43 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
     cache_insert_coalesced(seg);
     pthread_mutex_unlock(&huge_lock);
     mld_dirty_notify();
+    mld_huge_cache_age();
     return;
   }
   if (owned) mld_owner_set(seg, false);
   mld_os_unmap(seg, seg->map_size);
+}
+
+/* Without the purging thread (or before it starts), allocator activity ages the huge cache: called from the
+ * huge paths and from arena operations, outside every lock; one atomic load when nothing is due. */
+void mld_huge_cache_age(void) {
+  uint64_t due = atomic_load_explicit(&huge_due_ms, memory_order_relaxed);
+  if (likely(!due) || mld_opt.dirty_decay_ms < 0 || mld_now_ms() < due) return;
+  mld_huge_cache_purge(false);
+}
+
+/* The huge block whose mapping contains p (interior pointers too), or NULL: walks the ownership map down from
+ * p's granule to the nearest marked one, no further than the largest huge mapping. Not a fast path. */
+void *mld_huge_find(const void *p) {
+  uintptr_t g = (uintptr_t)p >> MLD_SEGMENT_SHIFT;
+  if (!p || g >= ((uintptr_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT))) return NULL;
+  size_t max = atomic_load(&huge_max_map);
+  uintptr_t steps = max >> MLD_SEGMENT_SHIFT;
+  for (uintptr_t i = 0; i <= steps && i <= g; i++) {
+    const segment_t *seg = (const segment_t *)((g - i) << MLD_SEGMENT_SHIFT);
+    if (!mld_owned(seg)) continue;
+    if (seg->kind != SEG_HUGE) return NULL;   /* the nearest segment below p is a normal one */
+    const uint8_t *user = __atomic_load_n(&seg->user, __ATOMIC_ACQUIRE);
+    if (user && (const uint8_t *)p >= user && (const uint8_t *)p < user + seg->user_size) return (void *)seg;
+    return NULL;
+  }
+  if (!big_aligned) return NULL;   /* blocks aligned beyond a segment have no bit: look them up */
+  segment_t *found = NULL;
+  pthread_mutex_lock(&huge_lock);
+  for (segment_t *s = big_aligned; s && !found; s = s->next)
+    if ((const uint8_t *)p >= (const uint8_t *)s->user && (const uint8_t *)p < (const uint8_t *)s->user + s->user_size) found = s;
+  pthread_mutex_unlock(&huge_lock);
+  return found;
 }
 
 /* When the oldest cached huge mapping is due for unmapping (0: the cache is empty). */
@@ -269,6 +343,10 @@ size_t mld_huge_cache_purge(bool all) {
     }
     s = next;
   }
+  uint64_t oldest = 0;
+  for (s = huge_cache; s; s = s->next)
+    if (!oldest || s->dirty_since < oldest) oldest = s->dirty_since;
+  atomic_store(&huge_due_ms, oldest ? oldest + mld_purge_age() : 0);
   pthread_mutex_unlock(&huge_lock);
   return bytes;
 }
@@ -277,15 +355,18 @@ size_t mld_huge_cache_purge(bool all) {
 void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size) {
   (void)p;
   size_t off = (size_t)((uint8_t *)seg->user - (uint8_t *)seg);
-  size_t need = round_up(off + size, MLD_OS_PAGE);
+  size_t need;
+  if (size > MLD_MAX_REQUEST || !mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need)) {
+    errno = ENOMEM;
+    return NULL;
+  }
   if (need == seg->map_size) { seg->user_size = need - off; return seg->user; }
   size_t old = seg->map_size;
-  segment_t *ns = mld_os_remap(seg, old, need, MLD_SEGMENT_SIZE);
+  segment_t *ns = huge_remap(seg, old, need);
   if (!ns) return NULL;
-  if (ns != seg) { mld_owner_set(seg, false); mld_owner_set(ns, true); }
   ns->map_size = need;
-  ns->user = (uint8_t *)ns + off;
   ns->user_size = need - off;
+  __atomic_store_n(&ns->user, (uint8_t *)ns + off, __ATOMIC_RELEASE);
   if (need > old) atomic_fetch_add(&mld_huge_active, need - old);
   else atomic_fetch_sub(&mld_huge_active, old - need);
   MLD_STAT_ADD(h, huge_bytes_alloc, need > old ? need - old : 0);

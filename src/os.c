@@ -63,9 +63,9 @@ void mld_os_unmap(void *p, size_t size) {
   atomic_fetch_sub(&mld_mapped_bytes, size);
 }
 
-void mld_os_purge(void *p, size_t size) {
-  /* MADV_DONTNEED: RSS drops at once and the pages read back as zero. */
-  madvise(p, size, MADV_DONTNEED);
+bool mld_os_purge(void *p, size_t size) {
+  /* MADV_DONTNEED: RSS drops at once and the pages read back as zero. On failure nothing is known to be zero. */
+  return madvise(p, size, MADV_DONTNEED) == 0;
 }
 
 /* Apply the thp option to a new mapping: huge pages asked for (`always`, or `madvise` for huge blocks) or refused (`never`). */
@@ -108,6 +108,20 @@ void mld_owner_set(const void *seg, bool on) {
 }
 
 bool mld_os_init(void) { return true; }
+
+#ifdef MALLARD_RACE_DELAY
+/* Test builds: pause 0..~50 us (sometimes just yield) so that another thread runs inside the window. */
+void mld_race_delay(void) {
+  static _Atomic(uint64_t) seed = 0x9E3779B97F4A7C15ull;
+  uint64_t x = atomic_fetch_add_explicit(&seed, 0x9E3779B97F4A7C15ull, memory_order_relaxed);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  if (x & 1) { sched_yield(); return; }
+  struct timespec ts = { 0, (long)((x >> 8) % 50000) };
+  nanosleep(&ts, NULL);
+}
+#endif
 
 uint64_t mld_now_ms(void) {
   struct timespec ts;

@@ -9,7 +9,8 @@ void mld_arena_maybe_purge(arena_t *a, uint64_t now) {
   if (a->dirty_slots && now >= a->next_purge_ms) mld_arena_purge(a, false);
 }
 
-/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free. */
+/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
+ * A span whose madvise fails stays dirty (its memory is neither released nor known to be zero) and is retried later. */
 size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t now = mld_now_ms();
   uint64_t decay = mld_purge_age();
@@ -23,14 +24,17 @@ size_t mld_arena_purge(arena_t *a, bool all) {
       if (!pg->purged) {
         if (all || now - pg->dirty_since >= decay) {
           size_t len = n << MLD_SLOT_SHIFT;
-          mld_os_purge(page_start(pg), len);
           a->nmadvise++;
-          a->purged_bytes_total += len;
-          bytes += len;
-          pg->purged = 1;
-          pg->zero = 1;
-          a->dirty_slots -= n;
-          a->purged_slots += n;
+          if (mld_os_purge(page_start(pg), len)) {
+            a->purged_bytes_total += len;
+            bytes += len;
+            pg->purged = 1;
+            pg->zero = 1;
+            a->dirty_slots -= n;
+            a->purged_slots += n;
+          } else if (!next_due || now + decay < next_due) {
+            next_due = now + (decay ? decay : 1);
+          }
         } else if (!next_due || pg->dirty_since + decay < next_due) {
           next_due = pg->dirty_since + decay;
         }
@@ -43,37 +47,57 @@ size_t mld_arena_purge(arena_t *a, bool all) {
   return bytes;
 }
 
-/* Purge every arena now (force) or what is due, and the huge cache. */
-void mld_purge_all(bool force) {
+/* Purge every arena now (force) or what is due, and the huge cache; returns the bytes given back. */
+size_t mld_purge_all(bool force) {
+  size_t bytes = 0;
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) {
     arena_t *a = mld_arenas[i];
     mld_lock(&a->lock, &a->lock_stats);
-    if (force) mld_arena_purge(a, true); else mld_arena_maybe_purge(a, mld_now_ms());
+    if (force) bytes += mld_arena_purge(a, true);
+    else if (mld_opt.dirty_decay_ms >= 0 && a->dirty_slots && mld_now_ms() >= a->next_purge_ms) bytes += mld_arena_purge(a, false);
     pthread_mutex_unlock(&a->lock);
   }
-  mld_huge_cache_purge(force);
+  return bytes + mld_huge_cache_purge(force);
 }
 
-/* ---- the purging thread: started on the first dirty span, sleeps until the next span is due ---- */
+/* ---- the purging thread ----
+ * It is never started from free() or from a collection: glibc frees thread control blocks while holding its
+ * stack-cache lock, and pthread_create takes that lock (a free that started the thread deadlocked), and a
+ * collection may run with the heap's lists half updated. It is started from an allocation slow path (a new
+ * page, span or huge mapping), at its end, with none of Mallard's locks held, once the process has mapped more
+ * than BG_START_BYTES or freed memory waits: small programs never get one. Its own pthread_create allocates
+ * (TLS) through Mallard; bg_started is already 1 then, so that nested call does not start another.
+ * Wake-ups: free paths only signal. A notifier stores bg_pending then reads bg_idle; the thread stores bg_idle
+ * then exchanges bg_pending (all sequentially consistent): at least one of the two sees the other's store, so a
+ * notification is never lost (the thread rechecks bg_pending under bg_lock before each wait). */
+#define BG_START_BYTES ((uint64_t)8 << 20)
+
 static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t bg_cond;
 static _Atomic(int) bg_started;           /* 0 not started, 1 started (or starting), -1 failed: do not retry */
 static _Atomic(int) bg_idle;              /* the thread waits without a deadline */
+static _Atomic(int) bg_pending;           /* dirty memory appeared since the thread last looked */
 static _Atomic(uint64_t) bg_wakeups;
 static _Atomic(int) bg_suspended;         /* set around fork(): no thread is started from the fork handlers */
 
+static bool bg_enabled(void) { return mld_opt.background_thread && mld_opt.dirty_decay_ms > 0; }
+
+/* Is any dirty memory waiting, and when is the first of it due? Arena locks are taken (bg_lock, then arenas:
+ * the order of the fork handlers). */
 static bool any_dirty(uint64_t *due) {
   uint64_t best = mld_huge_cache_due();
   bool dirty = best != 0;
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) {
     arena_t *a = mld_arenas[i];
-    if (__atomic_load_n(&a->dirty_slots, __ATOMIC_RELAXED)) {   /* racy read: only picks the wake-up time */
-      uint64_t d = __atomic_load_n(&a->next_purge_ms, __ATOMIC_RELAXED);
-      if (!best || d < best) best = d;
+    pthread_mutex_lock(&a->lock);
+    if (a->dirty_slots) {
+      uint64_t d = a->next_purge_ms;
+      if (d && (!best || d < best)) best = d;
       dirty = true;
     }
+    pthread_mutex_unlock(&a->lock);
   }
   if (dirty && !best) best = mld_now_ms() + mld_purge_age();
   *due = best;
@@ -88,13 +112,17 @@ static void *bg_main(void *arg) {
   for (;;) {
     uint64_t due;
     pthread_mutex_lock(&bg_lock);
+    atomic_store(&bg_idle, 1);
+    bool pending = atomic_exchange(&bg_pending, 0);
+    MLD_RACE_WINDOW();
     if (!any_dirty(&due)) {
-      atomic_store(&bg_idle, 1);
-      pthread_cond_wait(&bg_cond, &bg_lock);
+      /* A notification after the exchange above sets bg_pending again: wait only while it is clear. */
+      while (!pending && !atomic_load(&bg_pending)) pthread_cond_wait(&bg_cond, &bg_lock);
       atomic_store(&bg_idle, 0);
       pthread_mutex_unlock(&bg_lock);
       continue;
     }
+    atomic_store(&bg_idle, 0);
     uint64_t now = mld_now_ms();
     if (due > now) {
       struct timespec ts;
@@ -112,7 +140,8 @@ static void *bg_main(void *arg) {
   return NULL;
 }
 
-static void bg_cond_init(void) {
+/* At initialisation (no allocation): the condition variable waits on the monotonic clock. */
+void mld_purge_init(void) {
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -120,21 +149,24 @@ static void bg_cond_init(void) {
   pthread_condattr_destroy(&ca);
 }
 
+/* Free paths: dirty memory appeared. Never starts a thread, never allocates. */
 void mld_dirty_notify(void) {
-  if (!mld_opt.background_thread || mld_opt.dirty_decay_ms <= 0 || atomic_load(&bg_suspended)) return;
-  int st = atomic_load_explicit(&bg_started, memory_order_relaxed);
-  if (likely(st == 1)) {
-    if (atomic_load_explicit(&bg_idle, memory_order_relaxed)) {
-      pthread_mutex_lock(&bg_lock);
-      pthread_cond_signal(&bg_cond);
-      pthread_mutex_unlock(&bg_lock);
-    }
-    return;
+  if (!bg_enabled()) return;
+  atomic_store(&bg_pending, 1);
+  if (atomic_load(&bg_started) == 1 && atomic_load(&bg_idle)) {
+    pthread_mutex_lock(&bg_lock);
+    pthread_cond_signal(&bg_cond);
+    pthread_mutex_unlock(&bg_lock);
   }
-  if (st != 0 || atomic_load(&mld_initialized) != 2) return;
+}
+
+/* Allocation slow paths, at their end, no lock held: start the purging thread once it is worth having. */
+void mld_purge_thread_maybe_start(void) {
+  if (likely(atomic_load_explicit(&bg_started, memory_order_relaxed) != 0)) return;
+  if (!bg_enabled() || atomic_load(&bg_suspended) || mld_tls_exiting || atomic_load(&mld_initialized) != 2) return;
+  if (atomic_load_explicit(&mld_mapped_bytes, memory_order_relaxed) < BG_START_BYTES && !atomic_load(&bg_pending)) return;
   int expect = 0;
   if (!atomic_compare_exchange_strong(&bg_started, &expect, 1)) return;
-  bg_cond_init();
   pthread_t t;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -153,7 +185,9 @@ void mld_purge_fork_parent(void) { pthread_mutex_unlock(&bg_lock); atomic_store(
 void mld_purge_fork_child(void) {
   /* The thread does not exist in the child: start afresh when dirty memory appears there. */
   pthread_mutex_init(&bg_lock, NULL);
+  mld_purge_init();   /* the parent's thread may have been waiting on it: the child's copy counts a phantom waiter */
   if (atomic_load(&bg_started) == 1) atomic_store(&bg_started, 0);
   atomic_store(&bg_idle, 0);
   atomic_store(&bg_suspended, 0);
 }
+
