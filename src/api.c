@@ -138,7 +138,10 @@ static size_t good_size(size_t size, size_t align) {
     return round_to(span, MLD_SLOT_SIZE) - extra;
   if (align >= MLD_SEGMENT_SIZE) off = align;
   else if (!mld_round(MLD_HUGE_HEADER, align, &off)) return 0;
-  if (!mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || need > MLD_MAX_REQUEST - MLD_OS_PAGE) return 0;
+  size_t guard = MLD_SECURE_BUILD ? MLD_OS_PAGE : 0, total;
+  if (!mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &total) ||
+      total + (align >= MLD_SEGMENT_SIZE ? align : MLD_SEGMENT_SIZE) > MLD_MAX_REQUEST)
+    return 0;   /* the same test as mld_huge_alloc's */
   return need - off;
 }
 

@@ -35,9 +35,9 @@
 #define MLD_MAX_ARENAS 64
 #define MLD_KEEP_SLOTS 16                                 /* slots of empty multi-slot current pages a heap keeps */
 #define MLD_ADDR_BITS 47                                  /* user address space covered by the ownership map */
-/* The largest request ever served: no mapping can be larger (glibc refuses above PTRDIFF_MAX too); every size
- * computation below is done on values at most this large, plus bounded headers and alignments, with checks. */
-#define MLD_MAX_REQUEST ((size_t)PTRDIFF_MAX)
+/* The largest request (and alignment) ever served: no mapping can be larger than the user address space (glibc
+ * refuses above PTRDIFF_MAX, far above it). Size computations start from values at most this large, with checks. */
+#define MLD_MAX_REQUEST ((size_t)1 << MLD_ADDR_BITS)
 
 /* ---- blocks, pages, segments ----------------------------------------------------------------------- */
 typedef struct block_s { struct block_s *next; } block_t;

@@ -142,7 +142,7 @@ static segment_t *huge_remap(segment_t *seg, size_t old_size, size_t new_size) {
 
 /* Best fit among the cached mappings. One much larger than needed is split at a segment boundary: the tail
  * (resident memory, reused without page faults) goes back to the cache with a header of its own. */
-static segment_t *huge_cache_take(size_t need) {
+static segment_t *huge_cache_take(size_t need, size_t *dirty) {
   if (!atomic_load_explicit(&mld_huge_cached, memory_order_relaxed)) return NULL;
   pthread_mutex_lock(&huge_lock);
   segment_t *best = NULL;
@@ -178,8 +178,10 @@ static segment_t *huge_cache_take(size_t need) {
     for (segment_t *s = huge_cache; s; s = s->next)
       if (s->map_size > big->map_size) big = s;
     cache_unlink(big);
-    segment_t *grown = huge_remap(big, big->map_size, need);
+    size_t old_size = big->map_size;
+    segment_t *grown = huge_remap(big, old_size, need);
     if (grown) {
+      *dirty = old_size;   /* the part added by mremap is fresh (zero) memory */
       grown->map_size = need;
       best = grown;
     } else {
@@ -189,6 +191,7 @@ static segment_t *huge_cache_take(size_t need) {
 #endif
   if (!best) cache_make_room(need);
   pthread_mutex_unlock(&huge_lock);
+  if (best && !*dirty) *dirty = best->map_size;
   return best;
 }
 
@@ -204,11 +207,12 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   if (size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST ||
       !(big ? (off = align, true) : mld_round(MLD_HUGE_HEADER, align, &off)) ||
       !mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &need) ||
-      need > MLD_MAX_REQUEST) {
+      need + (big ? align : MLD_SEGMENT_SIZE) > MLD_MAX_REQUEST) {   /* with the alignment slack mmap needs */
     errno = ENOMEM;
     return NULL;
   }
-  segment_t *seg = big ? NULL : huge_cache_take(need);
+  size_t dirty = 0;   /* bytes from the start of a reused mapping that may hold old data */
+  segment_t *seg = big ? NULL : huge_cache_take(need, &dirty);
   bool fresh = false;
   if (!seg) {
     seg = mld_os_map_aligned(need, big ? align : MLD_SEGMENT_SIZE);
@@ -222,7 +226,8 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     huge_max_note(need);
   }
   seg->user_size = need - off - guard;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
-  if (zero && !fresh) memset((uint8_t *)seg + off, 0, seg->user_size);   /* all of the usable size */
+  if (zero && !fresh && dirty > off)   /* all of the usable size that may hold old data */
+    memset((uint8_t *)seg + off, 0, dirty - off < seg->user_size ? dirty - off : seg->user_size);
   __atomic_store_n(&seg->user, (uint8_t *)seg + off, __ATOMIC_RELEASE);   /* mld_huge_find reads it */
   atomic_fetch_add(&mld_huge_active, seg->map_size);
   if (big) {
