@@ -11,6 +11,9 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMALLARD_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$jobs"
+# Race-window widening: the allocator pauses wherever a block or page changes hands (docs/TESTING.md).
+cmake -S . -B build-race -G Ninja -DCMAKE_BUILD_TYPE=Release -DMALLARD_RACE_DELAY=ON -DMALLARD_BUILD_TESTS=ON >/dev/null
+cmake --build build-race -j "$jobs"
 set +e
 
 status=0
@@ -18,6 +21,8 @@ echo "== ctest (release build)"
 ctest --test-dir build --output-on-failure -j "$jobs" || status=1
 echo "== ctest (ASan+UBSan build, prefixed API)"
 ctest --test-dir build-asan --output-on-failure -L prefix -j "$jobs" || status=1
+echo "== ctest (race-delay build: multi-threaded tests)"
+ctest --test-dir build-race --output-on-failure -j "$jobs" -R 'stress|model|churn|owner|memory_paths|fork|no_thread|double' || status=1
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
 exit $status
