@@ -18,6 +18,8 @@ static int rd(void *oldp, size_t *oldlenp, const void *v, size_t n) {
   memcpy(oldp, v, n);
   return 0;
 }
+/* Would rd() accept this buffer? Checked before a write, so that a refused call changes nothing. */
+static bool rd_ok(const void *oldp, const size_t *oldlenp, size_t n) { return !oldp || (oldlenp && *oldlenp == n); }
 #define RO() do { if (newp || newlen) return EPERM; } while (0)
 #define READ(T, expr) do { T v_ = (expr); return rd(oldp, oldlenp, &v_, sizeof v_); } while (0)
 
@@ -40,11 +42,13 @@ static uint64_t heap_bytes(const heap_stats_t *s, bool freed) {
 
 static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
   RO();
-  if (!strcmp(n, "narenas")) READ(unsigned, mld_opt.narenas ? mld_opt.narenas : atomic_load(&mld_narenas));
+  /* The option as resolved at start-up (0: one per CPU); arenas.create adds arenas, not to the option. */
+  if (!strcmp(n, "narenas")) READ(unsigned, mld_opt.narenas ? mld_opt.narenas : mld_auto_arenas);
   if (!strcmp(n, "dirty_decay_ms")) READ(long, mld_opt.dirty_decay_ms);
   if (!strcmp(n, "background_thread")) READ(bool, mld_opt.background_thread);
   if (!strcmp(n, "retain")) READ(bool, mld_opt.retain);
   if (!strcmp(n, "thp")) READ(const char *, mld_opt.thp < 0 ? "never" : thp_names[mld_opt.thp]);
+  /* zero_on_free: what is in force (the fast variant refuses zero_on_free:true when parsing). */
   if (!strcmp(n, "verbose")) READ(bool, mld_opt.verbose);
   if (!strcmp(n, "abort_conf")) READ(bool, mld_opt.abort_conf);
   if (!strcmp(n, "stats_print")) READ(bool, mld_opt.stats_print);
@@ -111,11 +115,13 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
 
 MLD_EXPORT int mallard_ctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
   if (!name) return EINVAL;
+  if (!newp && newlen) return EINVAL;   /* a length without a value: a caller's mistake, not a read */
+  if (oldp && !oldlenp) return EINVAL;
   mld_ensure_init();
   if (!strcmp(name, "version")) { RO(); READ(const char *, MALLARD_VERSION); }
   if (!strcmp(name, "epoch")) {
     if (newp) {
-      if (newlen != sizeof(uint64_t)) return EINVAL;
+      if (newlen != sizeof(uint64_t) || !rd_ok(oldp, oldlenp, sizeof(uint64_t))) return EINVAL;
       ctl_epoch++;   /* statistics are always live: the epoch only tells readers that they looked again */
     }
     READ(uint64_t, ctl_epoch);
@@ -139,7 +145,7 @@ MLD_EXPORT int mallard_ctl(const char *name, void *oldp, size_t *oldlenp, void *
     if (!strcmp(s, "arena")) {
       unsigned old = h->arena->index;
       if (newp) {
-        if (newlen != sizeof(unsigned)) return EINVAL;
+        if (newlen != sizeof(unsigned) || !rd_ok(oldp, oldlenp, sizeof(unsigned))) return EINVAL;
         unsigned want;
         memcpy(&want, newp, sizeof want);
         if (!mld_heap_bind_arena(h, want)) return EINVAL;

@@ -81,11 +81,7 @@ void mld_init_slow(void) {
       mld_stats_print_setup();
       atexit(mld_stats_print_at_exit);
     }
-    if (mld_opt.verbose)
-      mld_message("mallard %s: narenas:%u dirty_decay_ms:%ld background_thread:%s retain:%s thp:%d page_cache:%u "
-                  "huge_cache_max:%zu\n", "0.1.0", (unsigned)n, mld_opt.dirty_decay_ms,
-                  mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
-                  mld_opt.page_cache, mld_opt.huge_cache_max);
+    if (mld_opt.verbose) mld_options_announce();
   }
   pthread_mutex_unlock(&init_lock);
 }

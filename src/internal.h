@@ -343,6 +343,10 @@ MLD_HIDDEN void mld_arenas_fork_child(void);
 
 /* options.c */
 MLD_HIDDEN void mld_options_init(void);
+#define MLD_OPTIONS_TEXT_MAX 2048   /* enough for every option, slab_sizes with one range per class included */
+/* The options in force as "key:value,..." that MALLARD_CONF accepts back; returns the length it needs (snprintf). */
+MLD_HIDDEN size_t mld_options_format(char *buf, size_t len);
+MLD_HIDDEN void mld_options_announce(void);   /* verbose:true: "mallard VERSION: <options>" on stderr */
 
 /* init.c */
 extern _Atomic(int) mld_initialized MLD_HIDDEN;

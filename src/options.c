@@ -1,16 +1,23 @@
-/* options.c — options: defaults, then the program's `mallard_conf`, /etc/mallard.conf and MALLARD_CONF, parsed without allocating. */
+/* options.c — options: defaults, then the program's `mallard_conf`, /etc/mallard.conf and MALLARD_CONF, parsed without
+ * allocating; and their one printed form (key:value,... as the parser accepts it). */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "mallard.h"
+#include <stdarg.h>
+#include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 options_t mld_opt;
 
 /* A program may define `const char *mallard_conf = "key:value,...";` (lowest priority). */
 extern const char *mallard_conf __attribute__((weak));
+
+static const char *const thp_names[] = { "default", "madvise", "always", "never" };   /* thp -1 is "never" */
 
 enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE };
 typedef struct opt_desc_s {
@@ -27,7 +34,11 @@ static const opt_desc_t descs[] = {
   { "retain", T_BOOL, 0, 1, "true or false" },
   { "thp", T_THP, 0, 3, "default, never, madvise or always" },
   { "verbose", T_BOOL, 0, 1, "true or false" },
+#ifdef MALLARD_SECURE
   { "zero_on_free", T_BOOL, 0, 1, "true or false" },
+#else
+  { "zero_on_free", T_BOOL, 0, 1, "false (zero_on_free:true needs the secure variant, libmallard-secure)" },
+#endif
   { "abort_conf", T_BOOL, 0, 1, "true or false" },
   { "stats_print", T_BOOL, 0, 1, "true or false" },
   { "stats_print_opts", T_STR, 0, 15, "letters: J (JSON), a (no per-arena), b (no per-class)" },
@@ -59,11 +70,32 @@ static void set_defaults(void) {
 
 static bool bad_conf;
 
-/* One line per problem: where, which key, which value, what is accepted. */
-static void conf_error(const char *src, const char *key, size_t klen, const char *val, size_t vlen, const char *why,
-                       const char *accepts) {
-  mld_message("mallard: %s: %s '%.*s' (value '%.*s'); accepted: %s; %s\n", src, why, (int)klen, key, (int)vlen, val,
-              accepts, mld_opt.abort_conf ? "aborting (abort_conf:true)" : "the default stays in force");
+/* Where a configuration text comes from. A file's text is never quoted back: under set-UID (or with a file the
+ * user cannot read) it would disclose the file; messages about it give the line and, when known, the key. */
+typedef struct conf_src_s {
+  const char *name;
+  bool from_file;
+  unsigned line;
+} conf_src_t;
+
+static const char *const known_keys =
+    "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
+    "stats_print_opts, slab_sizes, page_cache, huge_cache_max";
+
+/* One line per problem: where, which key, which value (not from a file), what is accepted. known: the key is one of
+ * ours (so naming it discloses nothing). */
+static void conf_error(const conf_src_t *src, const char *key, size_t klen, bool known, const char *val, size_t vlen,
+                       const char *why, const char *accepts) {
+  const char *outcome = mld_opt.abort_conf ? "aborting (abort_conf:true)" : "the default stays in force";
+  if (!src->from_file)
+    mld_message("mallard: %s: %s '%.*s' (value '%.*s'); accepted: %s; %s\n", src->name, why, (int)klen, key, (int)vlen,
+                val, accepts, outcome);
+  else if (known)
+    mld_message("mallard: %s line %u: %s '%.*s' (value not shown); accepted: %s; %s\n", src->name, src->line, why,
+                (int)klen, key, accepts, outcome);
+  else
+    mld_message("mallard: %s line %u: %s (text not shown); accepted: %s; %s\n", src->name, src->line, why, accepts,
+                outcome);
   bad_conf = true;
 }
 
@@ -75,7 +107,7 @@ static bool parse_long(const char *v, size_t n, long *out) {
   char *end;
   errno = 0;
   long x = strtol(buf, &end, 10);
-  if (errno || *end) return false;
+  if (errno || end != buf + n) return false;   /* also refuses an embedded NUL */
   *out = x;
   return true;
 }
@@ -127,14 +159,12 @@ static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) 
   return true;
 }
 
-static void apply(const char *src, const char *k, size_t kl, const char *v, size_t vl) {
+static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
   const opt_desc_t *d = NULL;
   for (size_t i = 0; i < NDESCS; i++)
     if (strlen(descs[i].name) == kl && !memcmp(descs[i].name, k, kl)) { d = &descs[i]; break; }
   if (!d) {
-    conf_error(src, k, kl, v, vl, "unknown option",
-               "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, abort_conf, stats_print, "
-               "stats_print_opts, slab_sizes, page_cache, huge_cache_max, zero_on_free");
+    conf_error(src, k, kl, false, v, vl, "unknown option", known_keys);
     return;
   }
   long x;
@@ -154,6 +184,13 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
     break;
   case T_BOOL:
     ok = parse_bool(v, vl, &b);
+#ifndef MALLARD_SECURE
+    if (ok && b && !strcmp(d->name, "zero_on_free")) {   /* only the secure variant wipes blocks: never claim it */
+      conf_error(src, k, kl, true, v, vl, "option not available in this variant",
+                 "false (zero_on_free:true needs the secure variant, libmallard-secure)");
+      return;
+    }
+#endif
     if (ok) {
       if (!strcmp(d->name, "background_thread")) mld_opt.background_thread = b;
       else if (!strcmp(d->name, "retain")) mld_opt.retain = b;
@@ -163,61 +200,180 @@ static void apply(const char *src, const char *k, size_t kl, const char *v, size
       else mld_opt.stats_print = b;
     }
     break;
-  case T_THP: {
-    static const char *names[] = { "default", "madvise", "always", "never" };
+  case T_THP:
     ok = false;
     for (int i = 0; i < 4; i++)
-      if (strlen(names[i]) == vl && !memcmp(names[i], v, vl)) { mld_opt.thp = i == 3 ? -1 : i; ok = true; }
+      if (strlen(thp_names[i]) == vl && !memcmp(thp_names[i], v, vl)) { mld_opt.thp = i == 3 ? -1 : i; ok = true; }
     break;
-  }
   case T_STR:
-    ok = vl < sizeof mld_opt.stats_print_opts && strspn(v, "Jab") >= vl;
+    ok = vl < sizeof mld_opt.stats_print_opts;
+    for (size_t i = 0; ok && i < vl; i++) ok = v[i] == 'J' || v[i] == 'a' || v[i] == 'b';   /* bounded: no strspn */
     if (ok) { memcpy(mld_opt.stats_print_opts, v, vl); mld_opt.stats_print_opts[vl] = 0; }
     break;
   case T_SLABS:
     ok = parse_slabs(v, vl, mld_opt.page_slots);
     break;
   }
-  if (!ok) {
-    conf_error(src, k, kl, v, vl, "bad value for option", d->accepts);
-  }
+  if (!ok) conf_error(src, k, kl, true, v, vl, "bad value for option", d->accepts);
 }
 
-/* Parse "key:value,key:value" (whitespace around items ignored). */
-static void parse_conf(const char *src, const char *s, size_t len) {
+/* Parse "key:value,key:value": items end at a comma or a new line; '#' starts a comment that runs to the end of
+ * the line; spaces around items are ignored. Reads exactly len bytes (the text need not be terminated). */
+static void parse_conf(conf_src_t *src, const char *s, size_t len) {
   const char *p = s, *end = s + len;
+  src->line = 1;
   while (p < end) {
-    while (p < end && (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t')) p++;
-    if (p >= end) break;
+    char ch = *p;
+    if (ch == '\n') { src->line++; p++; continue; }
+    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\r') { p++; continue; }
+    if (ch == '#') {
+      while (p < end && *p != '\n') p++;
+      continue;
+    }
     const char *item = p;
-    while (p < end && *p != ',' && *p != '\n') p++;
+    while (p < end && *p != ',' && *p != '\n' && *p != '#') p++;
     const char *item_end = p;
     while (item_end > item && (item_end[-1] == ' ' || item_end[-1] == '\t' || item_end[-1] == '\r')) item_end--;
-    if (*item == '#') continue;   /* a comment line in the file */
     const char *colon = memchr(item, ':', (size_t)(item_end - item));
-    if (!colon) { conf_error(src, item, (size_t)(item_end - item), "", 0, "missing ':value' in", "key:value items separated by commas"); continue; }
+    if (!colon) {
+      conf_error(src, item, (size_t)(item_end - item), false, "", 0, "missing ':value' in",
+                 "key:value items separated by commas");
+      continue;
+    }
     apply(src, item, (size_t)(colon - item), colon + 1, (size_t)(item_end - colon - 1));
   }
 }
 
-static void read_conf_file(void) {
-  const char *path = getenv("MALLARD_CONF_PATH");   /* test and packaging override of /etc/mallard.conf */
-  if (!path) path = "/etc/mallard.conf";
-  char buf[1024];
-  ssize_t n = readlink(path, buf, sizeof buf - 1);   /* like /etc/malloc.conf: a symlink's target name is the setting */
-  if (n > 0) { parse_conf(path, buf, (size_t)n); return; }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n > 0) parse_conf(path, buf, (size_t)n);
+/* The file is read whole into this buffer: static, since the parser must not allocate and a thread's stack may be
+ * small; initialisation holds the init lock, so it has one user at a time. */
+#define CONF_FILE_MAX (64 * 1024)
+static char file_buf[CONF_FILE_MAX + 1];
+
+/* The error's name (EACCES...): strerror may translate, and translating may allocate. */
+static const char *errname(int err) {
+  const char *n = strerrorname_np(err);
+  return n ? n : "error";
 }
 
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" :
+         S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+/* The configuration file: MALLARD_CONF_PATH (not in secure-execution mode) or /etc/mallard.conf. A path that
+ * leads to a regular file (through symbolic links or not) is read as a file. A dangling symbolic link's target name
+ * is the setting (jemalloc's /etc/malloc.conf convention). Anything else is reported in one line and skipped. */
+static void read_conf_file(void) {
+  const char *path = secure_getenv("MALLARD_CONF_PATH");   /* test and packaging override of /etc/mallard.conf */
+  if (!path) path = "/etc/mallard.conf";
+  conf_src_t src = { path, true, 0 };
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int err = errno;
+    if (err == ENOENT) {
+      ssize_t n = readlink(path, file_buf, sizeof file_buf);
+      if (n > 0 && (size_t)n < sizeof file_buf) {
+        conf_src_t link = { path, false, 0 };   /* a link's target name is public (ls -l shows it) */
+        parse_conf(&link, file_buf, (size_t)n);
+      }
+      return;   /* no file: the defaults are meant */
+    }
+    if (err != ENOTDIR) mld_message("mallard: %s: cannot read the configuration file (%s); ignored\n", path, errname(err));
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) {   /* never opened: opening a FIFO or a device may block or have effects */
+    mld_message("mallard: %s: not a regular file (%s); ignored\n", path, file_kind(st.st_mode));
+    return;
+  }
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    mld_message("mallard: %s: cannot read the configuration file (%s); ignored\n", path, errname(errno));
+    return;
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {   /* replaced between stat and open */
+    mld_message("mallard: %s: not a regular file (%s); ignored\n", path, file_kind(st.st_mode));
+    close(fd);
+    return;
+  }
+  size_t n = 0;
+  while (n < sizeof file_buf) {   /* one byte more than the limit: to tell a full file from a longer one */
+    ssize_t r = read(fd, file_buf + n, sizeof file_buf - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      mld_message("mallard: %s: cannot read the configuration file (%s); ignored\n", path, errname(errno));
+      close(fd);
+      return;
+    }
+    if (r == 0) break;
+    n += (size_t)r;
+  }
+  close(fd);
+  if (n > CONF_FILE_MAX) {
+    mld_message("mallard: %s: configuration file larger than 64 KiB; ignored whole\n", path);
+    return;
+  }
+  parse_conf(&src, file_buf, n);
+}
+
+/* In secure-execution mode (set-UID, set-GID, file capabilities) the user's environment is not trusted, as glibc
+ * does for MALLOC_*: secure_getenv answers NULL for MALLARD_CONF and MALLARD_CONF_PATH. */
 void mld_options_init(void) {
   set_defaults();
-  if (&mallard_conf != NULL && mallard_conf) parse_conf("mallard_conf", mallard_conf, strlen(mallard_conf));
+  bad_conf = false;
+  conf_src_t prog = { "mallard_conf", false, 0 }, envsrc = { "MALLARD_CONF", false, 0 };
+  if (&mallard_conf != NULL && mallard_conf) parse_conf(&prog, mallard_conf, strlen(mallard_conf));
   read_conf_file();
-  const char *env = getenv("MALLARD_CONF");
-  if (env) parse_conf("MALLARD_CONF", env, strlen(env));
+  const char *env = secure_getenv("MALLARD_CONF");
+  if (env) parse_conf(&envsrc, env, strlen(env));
   if (bad_conf && mld_opt.abort_conf) mld_fatal("mallard: invalid configuration and abort_conf:true; aborting\n");
+}
+
+/* ---- the printed form of the options in force ---- */
+typedef struct fmt_s {
+  char *buf;
+  size_t len, n;   /* n: bytes the whole text needs (as snprintf counts) */
+} fmt_t;
+
+static void put(fmt_t *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(fmt_t *f, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int r = vsnprintf(f->n < f->len ? f->buf + f->n : NULL, f->n < f->len ? f->len - f->n : 0, fmt, ap);
+  va_end(ap);
+  if (r > 0) f->n += (size_t)r;
+}
+
+static const char *tf(bool b) { return b ? "true" : "false"; }
+
+size_t mld_options_format(char *buf, size_t len) {
+  fmt_t f = { buf, len, 0 };
+  if (len) buf[0] = 0;
+  put(&f, "narenas:%u,dirty_decay_ms:%ld,background_thread:%s,retain:%s,thp:%s,verbose:%s,zero_on_free:%s,"
+          "abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
+      mld_opt.narenas ? mld_opt.narenas : mld_auto_arenas, mld_opt.dirty_decay_ms, tf(mld_opt.background_thread),
+      tf(mld_opt.retain), mld_opt.thp < 0 ? "never" : thp_names[mld_opt.thp], tf(mld_opt.verbose),
+      tf(mld_opt.zero_on_free), tf(mld_opt.abort_conf), tf(mld_opt.stats_print), mld_opt.stats_print_opts);
+  /* Runs of classes with the same page size, as LO-HI:SLOTS ranges of block sizes. */
+  for (unsigned c = 0; c < MLD_NUM_CLASSES;) {
+    unsigned e = c;
+    while (e + 1 < MLD_NUM_CLASSES && mld_opt.page_slots[e + 1] == mld_opt.page_slots[c]) e++;
+    put(&f, "%s%u-%u:%u", c ? "|" : "", mld_class_size[c], mld_class_size[e], mld_opt.page_slots[c]);
+    c = e + 1;
+  }
+  put(&f, ",page_cache:%u,huge_cache_max:%zu", mld_opt.page_cache, mld_opt.huge_cache_max);
+  return f.n;
+}
+
+void mld_options_announce(void) {
+  char line[MLD_OPTIONS_TEXT_MAX + 64];
+  int head = snprintf(line, sizeof line, "mallard %s: ", MALLARD_VERSION);
+  if (head < 0) return;
+  size_t n = (size_t)head + mld_options_format(line + head, sizeof line - (size_t)head - 1);
+  if (n > sizeof line - 2) n = sizeof line - 2;
+  line[n++] = '\n';
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(2, line + off, n - off);
+    if (w <= 0) return;
+    off += (size_t)w;
+  }
 }

@@ -5,7 +5,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "stats.h"
 
@@ -45,7 +50,9 @@ void mld_global_stats(global_stats_t *g) {
   g->retained = (uint64_t)purged * MLD_SLOT_SIZE;
   g->metadata = atomic_load(&mld_meta_bytes) + (uint64_t)nseg * MLD_HUGE_HEADER + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
   g->resident = g->active + g->dirty + g->metadata;
-  g->mapped = atomic_load(&mld_mapped_bytes);
+  /* The ownership map lives in .bss, outside our mappings: its touched page counts in metadata (so in resident)
+   * and in mapped too, so that resident never exceeds mapped. */
+  g->mapped = atomic_load(&mld_mapped_bytes) + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
   g->huge_cached = cached;
 }
 
@@ -129,13 +136,18 @@ static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs
 
 static void print_text(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
   outf(o, "___ Mallard statistics (version %s) ___\n", MALLARD_VERSION);
-  outf(o, "options: narenas:%u dirty_decay_ms:%ld background_thread:%s retain:%s\n", atomic_load(&mld_narenas),
-       mld_opt.dirty_decay_ms, mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false");
-  outf(o, "allocated: %llu  active: %llu  resident: %llu  mapped: %llu  retained: %llu  dirty: %llu  metadata: %llu\n",
+  char conf[MLD_OPTIONS_TEXT_MAX];
+  mld_options_format(conf, sizeof conf);
+  o->cb(o->opaque, "options: ");   /* longer than outf's buffer: written as it is */
+  o->cb(o->opaque, conf);
+  o->cb(o->opaque, "\n");
+  outf(o, "memory (bytes): allocated %llu  active %llu  resident %llu  mapped %llu  retained %llu  dirty %llu  "
+          "metadata %llu\n",
        (unsigned long long)g->allocated, (unsigned long long)g->active, (unsigned long long)g->resident,
        (unsigned long long)g->mapped, (unsigned long long)g->retained, (unsigned long long)g->dirty,
        (unsigned long long)g->metadata);
-  outf(o, "large: nmalloc %llu nfree %llu   huge: nmalloc %llu nfree %llu   remote frees: %llu   invalid frees: %llu\n",
+  outf(o, "counts: large nmalloc %llu nfree %llu   huge nmalloc %llu nfree %llu   remote frees %llu   "
+          "invalid frees %llu\n",
        (unsigned long long)hs->large_nmalloc, (unsigned long long)hs->large_nfree,
        (unsigned long long)hs->huge_nmalloc, (unsigned long long)hs->huge_nfree,
        (unsigned long long)hs->remote_frees, (unsigned long long)atomic_load(&mld_invalid_count));
@@ -150,7 +162,7 @@ static void print_text(out_t *o, const global_stats_t *g, const heap_stats_t *hs
          (unsigned long long)s.nmadvise, (unsigned long long)s.lock.ops, (unsigned long long)s.lock.contended,
          (unsigned long long)s.lock.wait_ns / 1000);
   }
-  if (classes) outf(o, "class   size page_KiB objs/page     nmalloc       nfree     curobjs   refills  pages cur_pages\n");
+  if (classes) outf(o, "class size_B page_KiB objs/page     nmalloc       nfree     curobjs   refills  pages cur_pages\n");
   for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
     const class_stats_t *cs = &hs->cls[c];
     if (!cs->nmalloc && !cs->npages) continue;
@@ -175,23 +187,88 @@ MLD_EXPORT void mallard_stats_print(void (*write_cb)(void *, const char *), void
   else print_text(&o, &g, &hs, arenas, classes);
 }
 
-/* Programs often close stderr in their own exit handlers (coreutils does), which run before ours: the exit
- * report goes to a duplicate of fd 2 taken at start-up. */
-static int exit_fd = 2;
-void mld_stats_print_setup(void) {
-  int fd = fcntl(2, F_DUPFD_CLOEXEC, 10);
-  if (fd >= 0) exit_fd = fd;
+/* The exit report goes to the stderr the program started with, and nowhere else.
+ * Programs often close stderr in their own exit handlers (coreutils does), which run before ours: so a duplicate of
+ * fd 2 is kept, close-on-exec, far above the descriptors programs use (bash's `exec 10>file` must not meet it), and
+ * closed in a fork child (a daemon must not keep its parent's pipe open). At exit it is used only if it still is
+ * our duplicate (close-on-exec still set, same device and inode as fd 2 at start-up); else fd 2 is used only if it
+ * is still that file; else nothing is printed. fd 2 closed at start-up: nothing is ever printed. */
+static int exit_fd = -1;
+static bool exit_known;        /* fd 2 was open at start-up: exit_dev/exit_ino identify it */
+static dev_t exit_dev;
+static ino_t exit_ino;
+
+static void exit_fd_fork_child(void) {
+  if (exit_fd >= 0) close(exit_fd);
+  exit_fd = -1;
 }
 
+void mld_stats_print_setup(void) {
+  struct stat st;
+  if (fstat(2, &st) != 0) return;
+  exit_dev = st.st_dev;
+  exit_ino = st.st_ino;
+  exit_known = true;
+  struct rlimit rl;
+  long base = 1000;   /* near the usual 1024 limit; never above it, the table would grow with the limit */
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur - 24 < base)
+    base = (long)rl.rlim_cur - 24;
+  if (base < 64) base = 64;
+  exit_fd = fcntl(2, F_DUPFD_CLOEXEC, (int)base);
+  pthread_atfork(NULL, NULL, exit_fd_fork_child);
+}
+
+static bool is_start_stderr(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && st.st_dev == exit_dev && st.st_ino == exit_ino;
+}
+
+static int exit_target(void) {
+  if (!exit_known) return -1;
+  if (exit_fd >= 0) {
+    int fl = fcntl(exit_fd, F_GETFD);
+    if (fl >= 0 && (fl & FD_CLOEXEC) && is_start_stderr(exit_fd)) return exit_fd;   /* dup2 onto it clears CLOEXEC */
+  }
+  return is_start_stderr(2) ? 2 : -1;
+}
+
+typedef struct exit_out_s {
+  int fd;
+  bool failed;   /* a write failed (a closed pipe...): stop writing */
+} exit_out_t;
+
 static void exit_write(void *opaque, const char *s) {
-  (void)opaque;
+  exit_out_t *eo = opaque;
   size_t n = strlen(s);
-  while (n) {
-    ssize_t w = write(exit_fd, s, n);
-    if (w <= 0) return;
+  while (n && !eo->failed) {
+    ssize_t w = write(eo->fd, s, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) { eo->failed = true; return; }
     s += w;
     n -= (size_t)w;
   }
 }
 
-void mld_stats_print_at_exit(void) { mallard_stats_print(exit_write, NULL, mld_opt.stats_print_opts); }
+/* SIGPIPE is blocked around the writes, and one they raised is consumed: a reader gone away must not kill the
+ * program before stdio flushes its own output (that happens after the exit handlers). */
+void mld_stats_print_at_exit(void) {
+  exit_out_t eo = { exit_target(), false };
+  if (eo.fd < 0) return;
+  sigset_t pipe_set, old, pending;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigemptyset(&pending);
+  sigpending(&pending);
+  bool was_pending = sigismember(&pending, SIGPIPE);   /* already the program's (it blocked SIGPIPE): leave it */
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  mallard_stats_print(exit_write, &eo, mld_opt.stats_print_opts);
+  if (!was_pending) {
+    sigemptyset(&pending);
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+      struct timespec zero = { 0, 0 };
+      sigtimedwait(&pipe_set, NULL, &zero);
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}

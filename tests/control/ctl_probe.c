@@ -1,6 +1,7 @@
 /* ctl_probe.c — a probe program for the control tests: prints options, exercises mallard_ctl, runs tiny workloads. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -31,6 +32,7 @@ static void print_opts(void) {
   len = sizeof s; mallard_ctl("opt.stats_print_opts", &s, &len, NULL, 0); printf("stats_print_opts=%s\n", s);
   len = sizeof u; mallard_ctl("opt.page_cache", &u, &len, NULL, 0); printf("page_cache=%u\n", u);
   len = sizeof z; mallard_ctl("opt.huge_cache_max", &z, &len, NULL, 0); printf("huge_cache_max=%zu\n", z);
+  len = sizeof b; mallard_ctl("opt.zero_on_free", &b, &len, NULL, 0); printf("zero_on_free=%d\n", b);
   unsigned n; len = sizeof n; mallard_ctl("arenas.nclasses", &n, &len, NULL, 0);
   for (unsigned c = 0; c < n; c++) {
     char name[64]; size_t sz, pb;
@@ -78,6 +80,29 @@ static void ctl_all(void) {
   CHECK(mallard_ctl("opt.narenas", &u, &len, NULL, 0) == EINVAL, "wrong oldlen");
   CHECK(mallard_ctl("opt.narenas", NULL, NULL, &u, sizeof u) == EPERM, "opt read-only");
   CHECK(mallard_ctl(NULL, NULL, NULL, NULL, 0) == EINVAL, "NULL name");
+  /* Everything is validated before anything changes: a bad oldlenp leaves the epoch and the binding alone. */
+  uint64_t e4, e5; size_t badlen = 3; len = sizeof e4;
+  mallard_ctl("epoch", &e4, &len, NULL, 0);
+  CHECK(mallard_ctl("epoch", &e5, &badlen, &e2, sizeof e2) == EINVAL, "epoch with a bad oldlenp");
+  mallard_ctl("epoch", &e5, &len, NULL, 0);
+  CHECK(e5 == e4, "a refused epoch write advanced the epoch (%llu -> %llu)", (unsigned long long)e4,
+        (unsigned long long)e5);
+  CHECK(mallard_ctl("epoch", &e5, NULL, &e2, sizeof e2) == EINVAL, "epoch with oldp but no oldlenp");
+  mallard_ctl("epoch", &e5, &len, NULL, 0);
+  CHECK(e5 == e4, "an epoch write without oldlenp advanced the epoch");
+  CHECK(mallard_ctl("epoch", NULL, NULL, NULL, sizeof e2) == EINVAL, "epoch: newp NULL with a non-zero newlen");
+  unsigned ar0, ar1, created; len = sizeof ar0;
+  CHECK(mallard_ctl("thread.arena", &ar0, &len, NULL, 0) == 0, "thread.arena read");
+  len = sizeof created;
+  CHECK(mallard_ctl("arenas.create", &created, &len, NULL, 0) == 0, "arenas.create");
+  CHECK(mallard_ctl("thread.arena", &ar1, &badlen, &created, sizeof created) == EINVAL, "thread.arena bad oldlenp");
+  len = sizeof ar1;
+  mallard_ctl("thread.arena", &ar1, &len, NULL, 0);
+  CHECK(ar1 == ar0, "a refused thread.arena write moved the thread (%u -> %u)", ar0, ar1);
+  CHECK(mallard_ctl("thread.arena", NULL, NULL, NULL, sizeof(unsigned)) == EINVAL,
+        "thread.arena: newp NULL with a non-zero newlen");
+  CHECK(mallard_ctl("opt.narenas", NULL, NULL, NULL, 4) == EINVAL, "opt: newp NULL with a non-zero newlen");
+  CHECK(mallard_ctl("arenas.narenas", NULL, NULL, NULL, 4) == EINVAL, "arenas.narenas: newp NULL, newlen 4");
   const char *stats[] = { "stats.allocated", "stats.active", "stats.resident", "stats.mapped", "stats.retained",
                           "stats.metadata", "stats.dirty" };
   void *keep = mallard_malloc(5 << 20);
@@ -153,11 +178,14 @@ static void *bound_thread(void *arg) {
 }
 
 static void bind_test(void) {
-  unsigned idx, before, after; size_t len = sizeof idx;
+  unsigned idx, before, after, opt0, opt1; size_t len = sizeof idx;
   mallard_ctl("arenas.narenas", &before, &len, NULL, 0);
+  mallard_ctl("opt.narenas", &opt0, &len, NULL, 0);
   CHECK(mallard_ctl("arenas.create", &idx, &len, NULL, 0) == 0, "arenas.create");
   mallard_ctl("arenas.narenas", &after, &len, NULL, 0);
+  mallard_ctl("opt.narenas", &opt1, &len, NULL, 0);
   CHECK(idx == before && after == before + 1, "created arena %u (narenas %u -> %u)", idx, before, after);
+  CHECK(opt1 == opt0, "opt.narenas is the option, not the arena count (%u -> %u after arenas.create)", opt0, opt1);
   pthread_t t;
   pthread_create(&t, NULL, bound_thread, &idx);
   pthread_join(t, NULL);
@@ -181,19 +209,60 @@ static void exact_test(void) {
 
 static void write_stdout(void *opaque, const char *s) { (void)opaque; fputs(s, stdout); }
 
+/* reopen2 PATH: started with fd 2 closed, the program's first open() becomes its fd 2; it writes one line there. */
+static int reopen2(const char *path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return 3;
+  void *p = mallard_malloc(100);   /* the allocator is in use */
+  mallard_free(p);
+  return write(fd, "program output\n", 15) == 15 ? 0 : 4;
+}
+
+/* daemon PIDFILE: the child detaches (its stdio on /dev/null) and lingers; the parent exits at once. */
+static int daemon_child(const char *pidfile) {
+  void *p = mallard_malloc(100);
+  mallard_free(p);
+  pid_t pid = fork();
+  if (pid < 0) return 3;
+  if (pid == 0) {
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; fd++) dup2(null, fd);
+    if (null > 2) close(null);
+    setsid();
+    sleep(60);   /* the test kills it long before */
+    _exit(0);
+  }
+  FILE *f = fopen(pidfile, "w");
+  if (!f) return 4;
+  fprintf(f, "%d\n", (int)pid);
+  fclose(f);
+  printf("parent done\n");
+  return 0;
+}
+
+/* stdout N: N lines to stdout through stdio, flushed only by exit(). */
+static int many_lines(const char *n) {
+  long lines = strtol(n, NULL, 10);
+  for (long i = 0; i < lines; i++) printf("line %ld\n", i);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *cmd = argc > 1 ? argv[1] : "";
   if (!strcmp(cmd, "opts")) print_opts();
   else if (!strcmp(cmd, "ctl")) ctl_all();
   else if (!strcmp(cmd, "bind")) bind_test();
   else if (!strcmp(cmd, "exact")) exact_test();
+  else if (!strcmp(cmd, "reopen2") && argc > 2) return reopen2(argv[2]);
+  else if (!strcmp(cmd, "daemon") && argc > 2) return daemon_child(argv[2]);
+  else if (!strcmp(cmd, "stdout") && argc > 2) return many_lines(argv[2]);
   else if (!strcmp(cmd, "json") || !strcmp(cmd, "text")) {
     void *ps[500];
     for (int i = 0; i < 500; i++) ps[i] = mallard_malloc((size_t)(i % 50) * 40 + 1);
     for (int i = 0; i < 500; i += 2) mallard_free(ps[i]);
     mallard_stats_print(write_stdout, NULL, !strcmp(cmd, "json") ? "J" : "");
   } else {
-    fprintf(stderr, "usage: ctl_probe opts|ctl|bind|exact|json|text\n");
+    fprintf(stderr, "usage: ctl_probe opts|ctl|bind|exact|json|text|reopen2 PATH|daemon PIDFILE|stdout N\n");
     return 2;
   }
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);

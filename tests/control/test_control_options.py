@@ -1,5 +1,7 @@
 """Options: defaults, every option valid and invalid, the three sources and their priority, abort_conf."""
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -137,3 +139,134 @@ def test_errors_name_their_source(probe, tmp_path):
 def test_verbose_prints_options(probe):
     r = probe("opts", conf="verbose:true,narenas:2")
     assert "narenas:2" in r.stderr and "dirty_decay_ms:1000" in r.stderr
+
+
+# ---- configuration sources (comments, links, size, special files) ----
+
+def mallard_lines(stderr):
+    return [l for l in stderr.splitlines() if l.startswith("mallard")]
+
+
+def test_comment_runs_to_end_of_line_in_file(probe, tmp_path):
+    f = tmp_path / "mallard.conf"
+    f.write_text("# narenas:3,dirty_decay_ms:0\nretain:true # ,page_cache:9\n")
+    r = probe("opts", conf_file=f)
+    opts = parse_opts(r.stdout)
+    assert opts["dirty_decay_ms"] == "1000" and opts["page_cache"] == "4" and opts["retain"] == "1"
+    assert not mallard_lines(r.stderr), r.stderr
+
+
+def test_comment_runs_to_end_of_environment_string(probe):
+    r = probe("opts", conf="narenas:2 # ,dirty_decay_ms:0")
+    opts = parse_opts(r.stdout)
+    assert opts["narenas"] == "2" and opts["dirty_decay_ms"] == "1000"
+    assert not mallard_lines(r.stderr), r.stderr
+
+
+def test_conf_file_symlink_to_real_file_is_read(probe, tmp_path):
+    real = tmp_path / "real.conf"
+    real.write_text("dirty_decay_ms:4321\n")
+    link = tmp_path / "link.conf"
+    os.symlink(real, link)
+    r = probe("opts", conf_file=link)
+    assert parse_opts(r.stdout)["dirty_decay_ms"] == "4321"
+    assert not mallard_lines(r.stderr), r.stderr
+
+
+def test_long_conf_file_is_read_whole(probe, tmp_path):
+    f = tmp_path / "mallard.conf"
+    f.write_text("#" + "x" * 1010 + "\n" + "dirty_decay_ms:86400000\n" + "# padding\n" * 3000 + "page_cache:11\n")
+    assert f.stat().st_size > 30000
+    r = probe("opts", conf_file=f)
+    opts = parse_opts(r.stdout)
+    assert opts["dirty_decay_ms"] == "86400000" and opts["page_cache"] == "11"
+    assert not mallard_lines(r.stderr), r.stderr
+
+
+def test_oversized_conf_file_is_refused_in_one_line(probe, tmp_path):
+    f = tmp_path / "mallard.conf"
+    f.write_text("dirty_decay_ms:5\n" + "#\n" * 40000)
+    r = probe("opts", conf_file=f)
+    lines = mallard_lines(r.stderr)
+    assert len(lines) == 1 and str(f) in lines[0] and "64 KiB" in lines[0], r.stderr
+    assert parse_opts(r.stdout)["dirty_decay_ms"] == "1000"   # ignored whole, never cut mid-value
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_conf_file_not_regular_is_reported_and_skipped(probe, tmp_path, kind):
+    if kind == "fifo":
+        path = tmp_path / "fifo.conf"
+        os.mkfifo(path)
+    elif kind == "directory":
+        path = tmp_path / "dir.conf"
+        path.mkdir()
+    else:
+        path = "/dev/zero"
+    r = probe("opts", conf_file=path, conf="page_cache:6")   # opening a FIFO for reading would block forever
+    lines = mallard_lines(r.stderr)
+    assert len(lines) == 1 and str(path) in lines[0] and "not a regular file" in lines[0], r.stderr
+    assert parse_opts(r.stdout)["page_cache"] == "6"   # start-up carried on
+
+
+def test_conf_file_contents_are_never_echoed(probe, tmp_path):
+    f = tmp_path / "mallard.conf"
+    f.write_text("narenas:2\nsecret_key_abc:value_xyz\nretain:perhaps_secret\nno colon here\n")
+    r = probe("opts", conf_file=f)
+    lines = mallard_lines(r.stderr)
+    assert len(lines) == 3, r.stderr
+    assert "secret" not in r.stderr and "xyz" not in r.stderr and "colon" not in r.stderr, r.stderr
+    assert "line 2" in lines[0] and "line 3" in lines[1] and "'retain'" in lines[1] and "line 4" in lines[2]
+    assert parse_opts(r.stdout)["narenas"] == "2"
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_unterminated_value_is_not_scanned_past_its_end(build_dir, tmp_path):
+    f = tmp_path / "mallard.conf"
+    f.write_text("stats_print_opts:Jab")   # no newline: the value ends with the file
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLARD_CONF", "LD_PRELOAD")}
+    env["MALLARD_CONF_PATH"] = str(f)
+    r = subprocess.run(["valgrind", "-q", "--error-exitcode=99", str(build_dir / "bin" / "mallard-ctl-probe"), "opts"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert parse_opts(r.stdout)["stats_print_opts"] == "Jab"
+
+
+# ---- options reported are options in force ----
+
+def test_zero_on_free_refused_by_fast_variant(probe):
+    r = probe("opts", conf="zero_on_free:true")
+    lines = mallard_lines(r.stderr)
+    assert len(lines) == 1 and "zero_on_free" in lines[0] and "secure" in lines[0], r.stderr
+    assert parse_opts(r.stdout)["zero_on_free"] == "0"
+
+
+def test_zero_on_free_false_accepted(probe):
+    r = probe("opts", conf="zero_on_free:false")
+    assert not mallard_lines(r.stderr) and parse_opts(r.stdout)["zero_on_free"] == "0"
+
+
+# ---- the printed options are in the parser's own syntax ----
+
+CUSTOM = ("narenas:3,dirty_decay_ms:250,background_thread:false,retain:true,thp:never,page_cache:9,"
+          "huge_cache_max:3M,stats_print_opts:Jb,slab_sizes:1-1024:2|8K-64K:16")
+
+
+def test_verbose_line_is_valid_configuration(probe):
+    r = probe("opts", conf="verbose:true," + CUSTOM)
+    line = [l for l in r.stderr.splitlines() if l.startswith("mallard ")][0]
+    printed = line.split(": ", 1)[1]
+    for key in ("thp:never", "slab_sizes:", "page_cache:9", "huge_cache_max:3145728", "zero_on_free:false"):
+        assert key in printed, printed
+    again = probe("opts", conf=printed)
+    assert not [l for l in again.stderr.splitlines() if l.startswith("mallard:")], again.stderr
+    assert parse_opts(again.stdout) == parse_opts(r.stdout)
+
+
+def test_text_report_options_header_is_valid_configuration(probe):
+    base = probe("opts", conf=CUSTOM)
+    out = probe("text", conf=CUSTOM).stdout
+    header = [l for l in out.splitlines() if l.startswith("options: ")][0]
+    printed = header.split(": ", 1)[1]
+    again = probe("opts", conf=printed)
+    assert not [l for l in again.stderr.splitlines() if l.startswith("mallard:")], again.stderr
+    assert parse_opts(again.stdout) == parse_opts(base.stdout)

@@ -55,7 +55,7 @@ def test_json_schema(probe):
 def test_text_report(probe):
     out = probe("text").stdout
     assert out.startswith("___ Mallard statistics")
-    assert "allocated:" in out and "lock_ops" in out and "nmalloc" in out
+    assert "memory (bytes): allocated " in out and "lock_ops" in out and "nmalloc" in out
 
 
 def test_stats_print_at_exit_of_real_program(build_dir):
@@ -76,3 +76,25 @@ def test_stats_print_text_at_exit(build_dir):
     r = subprocess.run(["ls", "/"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usr" in r.stdout
     assert "___ Mallard statistics" in r.stderr
+
+
+def test_text_report_labels_units(probe):
+    out = probe("text").stdout.splitlines()
+    mem = [l for l in out if l.startswith("memory")][0]
+    assert mem.startswith("memory (bytes):"), mem
+    arena_hdr = [l for l in out if l.startswith("arena ")][0]
+    class_hdr = [l for l in out if l.startswith("class ")][0]
+    for col in ("dirty_KiB", "purged_KiB", "wait_us"):
+        assert col in arena_hdr, arena_hdr
+    for col in ("size_B", "page_KiB"):
+        assert col in class_hdr, class_hdr
+
+
+def test_resident_never_exceeds_mapped(build_dir, probe):
+    doc = json.loads(probe("json").stdout)
+    assert doc["mallard"]["stats"]["resident"] <= doc["mallard"]["stats"]["mapped"]
+    env = dict(os.environ, LD_PRELOAD=str(build_dir / "lib" / "libmallard.so"),
+               MALLARD_CONF="stats_print:true,stats_print_opts:J")
+    r = subprocess.run(["true"], env=env, capture_output=True, text=True, timeout=60)
+    s = json.loads(r.stderr)["mallard"]["stats"]
+    assert s["resident"] <= s["mapped"], s
