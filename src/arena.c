@@ -147,8 +147,9 @@ void mld_segment_release(arena_t *a, segment_t *seg) {
   mld_os_unmap(seg, MLD_SEGMENT_SIZE);
 }
 
-/* Best fit: the smallest free span with at least `slots` slots, split; a new segment when none fits. */
-page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
+/* Best fit: the smallest free span with at least `slots` slots, split; a new segment when none fits. The span is
+ * marked `kind` before the lock is released: threads freeing a neighbour read its descriptors under the lock. */
+page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero) {
   arena_lock(a);
   page_t *pg = NULL;
   for (size_t n = slots; n <= MLD_USABLE_SLOTS; n++) {
@@ -172,11 +173,15 @@ page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
   *zero = pg->zero;
   pg->purged = 0;
   pg->zero = 0;
-  mld_span_set_used(pg, slots, PAGE_LARGE);
+  mld_span_set_used(pg, slots, kind);
   mld_arena_maybe_purge(a, mld_now_ms());
   arena_unlock(a);
   mld_huge_cache_age();
   return pg;
+}
+
+page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
+  return mld_arena_alloc_span_kind(a, slots, PAGE_LARGE, zero);
 }
 
 /* Return a span and coalesce it with free neighbours in its segment; the result is dirty from `now`. */
@@ -224,12 +229,16 @@ void mld_arena_free_span(arena_t *a, page_t *pg) {
 }
 
 /* Take an abandoned page of class `cls` for heap h; the caller collects its remote frees. */
+/* The head of an abandoned list is written with relaxed atomic stores (always under the lock): adopters peek at
+ * it without the lock. */
+static void abandoned_set_head(arena_t *a, unsigned cls, page_t *pg) { __atomic_store_n(&a->abandoned[cls], pg, __ATOMIC_RELAXED); }
+
 page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
-  if (!a->abandoned[cls]) return NULL;   /* racy peek: a miss only costs a fresh page */
+  if (!__atomic_load_n(&a->abandoned[cls], __ATOMIC_RELAXED)) return NULL;   /* peek: a miss only costs a fresh page */
   arena_lock(a);
   page_t *pg = a->abandoned[cls];
   if (pg) {
-    a->abandoned[cls] = pg->next;
+    abandoned_set_head(a, cls, pg->next);
     if (pg->next) pg->next->prev = NULL;
     pg->next = pg->prev = NULL;
     pg->abandoned = 0;
@@ -248,7 +257,7 @@ void mld_arena_abandon(arena_t *a, page_t *pg) {
   pg->prev = NULL;
   pg->next = a->abandoned[cls];
   if (pg->next) pg->next->prev = pg;
-  a->abandoned[cls] = pg;
+  abandoned_set_head(a, cls, pg);
   arena_unlock(a);
   MLD_RACE_WINDOW();   /* abandoned: adopters, reapers and remote frees may take it from here on */
 }
@@ -269,7 +278,7 @@ bool mld_arena_free_abandoned_block(page_t *pg, block_t *b) {
   bool emptied = --pg->used == 0;
   if (emptied) {
     unsigned cls = pg->size_class;
-    if (pg->prev) pg->prev->next = pg->next; else a->abandoned[cls] = pg->next;
+    if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, cls, pg->next);
     if (pg->next) pg->next->prev = pg->prev;
     pg->next = pg->prev = NULL;
     pg->abandoned = 0;
@@ -288,7 +297,7 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
       page_t *next = pg->next;
       mld_page_collect_remote(pg);
       if (pg->used == 0) {
-        if (pg->prev) pg->prev->next = pg->next; else a->abandoned[c] = pg->next;
+        if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
         pg->abandoned = 0;

@@ -265,9 +265,8 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
     h->stats.cls[c].npages_cached++;
   } else {
     bool zero;
-    pg = mld_arena_alloc_span(a, mld_opt.page_slots[c], &zero);
+    pg = mld_arena_alloc_span_kind(a, mld_opt.page_slots[c], PAGE_SMALL, &zero);
     if (!pg) return NULL;
-    mld_span_set_used(pg, mld_opt.page_slots[c], PAGE_SMALL);
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
   }

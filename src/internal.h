@@ -250,7 +250,8 @@ extern arena_t *mld_arenas[MLD_MAX_ARENAS] MLD_HIDDEN;
 extern _Atomic(unsigned) mld_narenas MLD_HIDDEN;
 MLD_HIDDEN arena_t *mld_arena_get(unsigned index);
 MLD_HIDDEN int mld_arena_create(void);
-MLD_HIDDEN page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero);
+MLD_HIDDEN page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero);   /* a large block's span */
+MLD_HIDDEN page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero);
 MLD_HIDDEN void mld_arena_free_span(arena_t *a, page_t *pg);
 MLD_HIDDEN page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h);
 MLD_HIDDEN void mld_arena_abandon(arena_t *a, page_t *pg);
