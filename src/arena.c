@@ -63,7 +63,6 @@ void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL)
 
 static void span_mark_free(page_t *pg, size_t n) {
   pg->kind = PAGE_FREE;
-  pg->abandoned = 0;
   pg->slot_count = (uint32_t)n;
   pg->offset = 0;
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
@@ -241,7 +240,6 @@ page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
     abandoned_set_head(a, cls, pg->next);
     if (pg->next) pg->next->prev = NULL;
     pg->next = pg->prev = NULL;
-    pg->abandoned = 0;
     atomic_store_explicit(&pg->heap, h, memory_order_release);
   }
   arena_unlock(a);
@@ -252,7 +250,6 @@ page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
 void mld_arena_abandon(arena_t *a, page_t *pg) {
   arena_lock(a);
   atomic_store_explicit(&pg->heap, NULL, memory_order_release);
-  pg->abandoned = 1;
   unsigned cls = pg->size_class;
   pg->prev = NULL;
   pg->next = a->abandoned[cls];
@@ -262,35 +259,19 @@ void mld_arena_abandon(arena_t *a, page_t *pg) {
   MLD_RACE_WINDOW();   /* abandoned: adopters, reapers and remote frees may take it from here on */
 }
 
-/* A remote free into a page whose owner exited. Under the arena lock the page cannot be adopted meanwhile: the
- * block goes straight onto the page's list, and a page left empty goes back to the arena at once (it would
- * otherwise wait for the next purge pass). False: the page is not abandoned (any more); push the usual way. */
-bool mld_arena_free_abandoned_block(page_t *pg, block_t *b) {
-  arena_t *a = segment_of(pg)->arena;   /* the segment lives: b is one of its live blocks */
-  arena_lock(a);
-  if (!pg->abandoned) { arena_unlock(a); return false; }
-  mld_page_collect_remote(pg);
-#ifdef MALLARD_SECURE
-  bm_flip(b);   /* checked live by the caller: clear its bit as the owner would */
-#endif
-  blk_set_next(pg, b, pg->free);
-  pg->free = b;
-  bool emptied = --pg->used == 0;
-  if (emptied) {
-    unsigned cls = pg->size_class;
-    if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, cls, pg->next);
-    if (pg->next) pg->next->prev = pg->prev;
-    pg->next = pg->prev = NULL;
-    pg->abandoned = 0;
-    free_span_locked(a, pg, mld_now_ms());
-  }
-  arena_unlock(a);
-  if (emptied) mld_dirty_notify();
-  return true;
+/* A remote free into a page whose owner exited (read before the block is published): ask for a reap, so that
+ * the page goes back as soon as its blocks have, not at the next purge pass that happens to be due. Lock-free;
+ * the purging thread (or the arena's next operation) reaps once the decay delay has passed since the request,
+ * so that a burst of such frees costs one reap. Notifies only when the request is new. */
+void mld_arena_want_reap(arena_t *a) {
+  if (atomic_load_explicit(&a->reap_pending, memory_order_relaxed)) return;
+  atomic_store_explicit(&a->reap_since, mld_now_ms(), memory_order_relaxed);
+  if (!atomic_exchange_explicit(&a->reap_pending, 1, memory_order_acq_rel)) mld_dirty_notify();
 }
 
 /* Free abandoned pages whose blocks have all come back by remote frees (lock held). */
 void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
+  atomic_store_explicit(&a->reap_pending, 0, memory_order_relaxed);   /* frees pushed after this ask again */
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     page_t *pg = a->abandoned[c];
     while (pg) {
@@ -300,7 +281,6 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
         if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
-        pg->abandoned = 0;
         free_span_locked(a, pg, now);
       }
       pg = next;

@@ -412,9 +412,8 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
     /* Counted first: once the block is published, the page may be collected, released and reused by others. */
     MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
     MLD_STAT_ADD(h, remote_frees, 1);
-    /* A page of an exited thread: freed under its arena's lock, and given back as soon as it is empty. */
-    if (unlikely(atomic_load_explicit(&pg->heap, memory_order_acquire) == NULL) && mld_arena_free_abandoned_block(pg, b))
-      return;
+    /* A page of an exited thread: ask for a reap (the arena outlives every page; the page is not touched). */
+    if (unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == NULL)) mld_arena_want_reap(segment_of(pg)->arena);
     /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
     block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
     do {

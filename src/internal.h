@@ -63,8 +63,7 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
   uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
-  uint8_t abandoned;                     /* small page on its arena's abandoned list (arena lock protects it) */
-  uint8_t pad_[1];
+  uint8_t pad_[2];
   uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
   uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
@@ -175,6 +174,8 @@ typedef struct arena_s {
   uint64_t npurge_passes, nmadvise, purged_bytes_total;
   uint64_t nsegments_mapped, nsegments_unmapped;
   uint64_t large_active;                 /* bytes of large blocks in use */
+  _Atomic(int) reap_pending;             /* a remote free went to an abandoned page since the last reap */
+  _Atomic(uint64_t) reap_since;          /* when that was asked, ms */
 } arena_t;
 
 /* ---- options ----------------------------------------------------------------------------------------- */
@@ -299,7 +300,7 @@ MLD_HIDDEN void *mld_exit_alloc(unsigned cls);
 MLD_HIDDEN void mld_exit_heap_lock(void);
 MLD_HIDDEN void mld_exit_heap_unlock(void);
 MLD_HIDDEN void mld_exit_heap_fork_child(void);
-MLD_HIDDEN bool mld_arena_free_abandoned_block(page_t *pg, block_t *b);
+MLD_HIDDEN void mld_arena_want_reap(arena_t *a);
 extern unsigned mld_auto_arenas MLD_HIDDEN;
 extern _Atomic(unsigned) mld_arena_cap MLD_HIDDEN;
 extern pthread_mutex_t mld_heaps_mutex MLD_HIDDEN;

@@ -17,7 +17,6 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->reserved = (uint32_t)(bytes / pg->block_size);
   pg->size_class = (uint8_t)cls;
   pg->in_full = 0;
-  pg->abandoned = 0;
   pg->keep_check = pg->slot_count > 1;
   pg->next = pg->prev = NULL;
   atomic_store_explicit(&pg->heap, h, memory_order_release);

@@ -5,6 +5,9 @@
 #include <time.h>
 
 void mld_arena_maybe_purge(arena_t *a, uint64_t now) {
+  if (unlikely(atomic_load_explicit(&a->reap_pending, memory_order_relaxed)) &&
+      now >= atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age())
+    mld_arena_reap_abandoned(a, now);
   if (mld_opt.dirty_decay_ms < 0) return;
   if (a->dirty_slots && now >= a->next_purge_ms) mld_arena_purge(a, false);
 }
@@ -55,7 +58,12 @@ size_t mld_purge_all(bool force) {
     arena_t *a = mld_arenas[i];
     mld_lock(&a->lock, &a->lock_stats);
     if (force) bytes += mld_arena_purge(a, true);
-    else if (mld_opt.dirty_decay_ms >= 0 && a->dirty_slots && mld_now_ms() >= a->next_purge_ms) bytes += mld_arena_purge(a, false);
+    else {
+      uint64_t now = mld_now_ms();
+      if (atomic_load(&a->reap_pending) && now >= atomic_load(&a->reap_since) + mld_purge_age())
+        mld_arena_reap_abandoned(a, now);
+      if (mld_opt.dirty_decay_ms >= 0 && a->dirty_slots && now >= a->next_purge_ms) bytes += mld_arena_purge(a, false);
+    }
     pthread_mutex_unlock(&a->lock);
   }
   return bytes + mld_huge_cache_purge(force);
@@ -92,6 +100,11 @@ static bool any_dirty(uint64_t *due) {
   for (unsigned i = 0; i < n; i++) {
     arena_t *a = mld_arenas[i];
     pthread_mutex_lock(&a->lock);
+    if (atomic_load(&a->reap_pending)) {   /* pages of exited threads may be empty: reap them within the delay */
+      uint64_t d = atomic_load(&a->reap_since) + mld_purge_age();
+      if (!best || d < best) best = d;
+      dirty = true;
+    }
     if (a->dirty_slots) {
       uint64_t d = a->next_purge_ms;
       if (d && (!best || d < best)) best = d;
