@@ -10,7 +10,11 @@ _Atomic(uint64_t) mld_huge_active;     /* bytes mapped for huge blocks in use */
 _Atomic(uint64_t) mld_huge_cached;     /* bytes of freed huge mappings kept for reuse */
 static pthread_mutex_t huge_lock = PTHREAD_MUTEX_INITIALIZER;
 static segment_t *huge_cache;          /* freed huge mappings, newest first */
-static segment_t *big_aligned;         /* huge blocks aligned beyond a segment: their header is not at segment_of(p) */
+/* Huge blocks aligned beyond a segment (their header is not at segment_of(p)). The head is written under
+ * huge_lock with atomic stores: frees of foreign pointers peek at it without the lock. */
+static segment_t *big_aligned;
+static void big_aligned_set(segment_t *s) { __atomic_store_n(&big_aligned, s, __ATOMIC_RELEASE); }
+static bool big_aligned_empty(void) { return __atomic_load_n(&big_aligned, __ATOMIC_ACQUIRE) == NULL; }
 static _Atomic(uint64_t) huge_due_ms;  /* when the oldest cached mapping is due (0: cache empty); a cheap check */
 static _Atomic(size_t) huge_max_map;   /* the largest huge mapping ever made: bounds mld_huge_find's walk */
 
@@ -234,7 +238,7 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     pthread_mutex_lock(&huge_lock);
     seg->next = big_aligned;
     if (big_aligned) big_aligned->prev = seg;
-    big_aligned = seg;
+    big_aligned_set(seg);
     pthread_mutex_unlock(&huge_lock);
   } else if (fresh) {
     mld_owner_set(seg, true);
@@ -249,12 +253,12 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
 
 /* Find (and optionally unlink) the header of a huge block aligned beyond a segment. */
 void *mld_big_aligned_find(const void *p, bool remove) {
-  if (!big_aligned) return NULL;
+  if (big_aligned_empty()) return NULL;
   pthread_mutex_lock(&huge_lock);
   segment_t *s = big_aligned;
   while (s && s->user != p) s = s->next;
   if (s && remove) {
-    if (s->prev) s->prev->next = s->next; else big_aligned = s->next;
+    if (s->prev) s->prev->next = s->next; else big_aligned_set(s->next);
     if (s->next) s->next->prev = s->prev;
     s->next = s->prev = NULL;
   }
@@ -311,7 +315,7 @@ void *mld_huge_find(const void *p) {
     if (user && (const uint8_t *)p >= user && (const uint8_t *)p < user + seg->user_size) return (void *)seg;
     return NULL;
   }
-  if (!big_aligned) return NULL;   /* blocks aligned beyond a segment have no bit: look them up */
+  if (big_aligned_empty()) return NULL;   /* blocks aligned beyond a segment have no bit: look them up */
   segment_t *found = NULL;
   pthread_mutex_lock(&huge_lock);
   for (segment_t *s = big_aligned; s && !found; s = s->next)
