@@ -136,7 +136,8 @@ int main(void) {
   }
   size_t len = sizeof(size_t);
   size_t alloc0 = 0;
-  MT_CTL("stats.allocated", &alloc0, &len, NULL, 0);
+  int rc = MT_CTL("stats.allocated", &alloc0, &len, NULL, 0);
+  REQUIRE(rc == 0 && len == sizeof(size_t), "mallard_ctl(stats.allocated) = %d, len %zu", rc, len);
   pthread_t prod[NPROD], cons[NCONS];
   for (uintptr_t i = 0; i < NCONS; i++) REQUIRE(!pthread_create(&cons[i], NULL, consumer, (void *)i), "create");
   for (uintptr_t i = 0; i < NPROD; i++) REQUIRE(!pthread_create(&prod[i], NULL, producer, (void *)i), "create");
@@ -148,7 +149,8 @@ int main(void) {
   /* Every block came back: the live-bytes statistic returns to where it started (give or take the test's own). */
   size_t alloc1 = 0;
   len = sizeof(size_t);
-  MT_CTL("stats.allocated", &alloc1, &len, NULL, 0);
+  rc = MT_CTL("stats.allocated", &alloc1, &len, NULL, 0);
+  REQUIRE(rc == 0 && len == sizeof(size_t), "mallard_ctl(stats.allocated) = %d, len %zu", rc, len);
   printf("stats.allocated before %zu after %zu\n", alloc0, alloc1);
   CHECK(alloc1 <= alloc0 + 256 * 1024, "stats.allocated grew from %zu to %zu after freeing everything", alloc0, alloc1);
   printf("%llu blocks through %d producers and %d consumers, %.1f MB verified, %.2f s\n", (unsigned long long)want,
