@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     out_dir = Path(a.out) if a.out else REPO / "results" / f"{stamp}-{a.mode}"
     out_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.gettempdir()) / "mallard-bench-data"
-    data_dir.mkdir(exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
     cells = plan(a.mode, data_dir, only, threads)
     if not cells:
         print("bench: no workload matches --workloads", file=sys.stderr)
@@ -351,7 +351,11 @@ def main(argv=None) -> int:
     # Generate the reader's input once, outside any timing.
     for c in cells:
         if c.workload.startswith("pyreader"):
-            subprocess.run([*c.args, "--generate-only"], check=True, capture_output=True)
+            gen = subprocess.run([*c.args, "--generate-only"], capture_output=True, text=True)
+            if gen.returncode != 0:
+                print(f"bench: generating the reader's input failed (exit {gen.returncode}): {gen.stderr.strip()}",
+                      file=sys.stderr)
+                return 1
             break
     do_callgrind = a.callgrind if a.callgrind is not None else (a.mode == "full" and not only)
     do_docs = a.docs if a.docs is not None else (a.mode == "full" and not only)

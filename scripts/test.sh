@@ -23,6 +23,17 @@ echo "== ctest (ASan+UBSan build, prefixed API)"
 ctest --test-dir build-asan --output-on-failure -L prefix -j "$jobs" || status=1
 echo "== ctest (race-delay build: multi-threaded tests)"
 ctest --test-dir build-race --output-on-failure -j "$jobs" -R 'stress|model|churn|owner|memory_paths|fork|no_thread|double|wakeup' || status=1
+# ---- ThreadSanitizer: the multi-threaded tests through the prefixed API, in a build directory of their own
+# (tests/c/tsan.supp lists the only suppressions: documented intentionally racy reads). ----
+echo "== ctest (ThreadSanitizer build, multi-threaded prefixed-API tests)"
+if cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMALLARD_TSAN=ON >/dev/null &&
+   cmake --build build-tsan -j "$jobs"; then
+  ctest --test-dir build-tsan --output-on-failure -L tsan -j "$jobs" || status=1
+else
+  echo "the ThreadSanitizer build failed"
+  status=1
+fi
+# ---- end of the ThreadSanitizer block ----
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
 exit $status

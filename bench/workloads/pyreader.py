@@ -11,6 +11,8 @@ def make_file(path, size_mb):
     """Writes a deterministic text file of about size_mb MiB (lines of varying length) unless it already exists."""
     if os.path.exists(path) and os.path.getsize(path) >= size_mb * (1 << 20):
         return
+    # The folder may be missing on a fresh machine (a fresh TMPDIR): create it, never rely on a leftover.
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     target = size_mb * (1 << 20)
     written = 0

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,9 @@ def _load_runner():
 
 run_mod = _load_runner()
 ALLOCATORS = [a for a in run_mod.alloc_mod.discover() if a.name in run_mod.PEERS + run_mod.MALLARD]
-CELLS = run_mod.plan("smoke", Path(tempfile.gettempdir()) / "mallard-bench-data")
+# Planned once at import for the parametrisation (names only); the cells that run read and write the test's own
+# temporary folder (the `cells` fixture), never a folder left over from an earlier run.
+CELLS = run_mod.plan("smoke", Path("/nonexistent/mallard-bench-data"))
 C_WORKLOADS = sorted({c.workload for c in CELLS if c.kind == "c"})
 # Arguments that make each C workload fill at least a few dozen objects (so -c 5 has something to corrupt).
 CORRUPT_ARGS = {"fastpath": ["-m", "remote", "-n", "2048"], "vmem": ["-t", "10"], "realloc": ["-n", "10"]}
@@ -47,19 +48,35 @@ def test_peers_and_glibc_discovered():
 
 
 @pytest.fixture(scope="module")
-def reader_file():
-    for c in CELLS:
+def cells(tmp_path_factory):
+    """The smoke cells with their data in a fresh folder of this test run (the reader's input file generated there,
+    in a folder that does not exist yet, as on a fresh machine)."""
+    data_dir = tmp_path_factory.mktemp("bench") / "mallard-bench-data"
+    planned = run_mod.plan("smoke", data_dir)
+    for c in planned:
         if c.workload.startswith("pyreader"):
-            subprocess.run([*c.args, "--generate-only"], check=True, capture_output=True)
+            r = subprocess.run([*c.args, "--generate-only"], capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, f"{c.args} --generate-only failed (rc {r.returncode}):\n{r.stderr}"
+            break
+    return planned
+
+
+def test_reader_input_generated_into_missing_folder(tmp_path):
+    """pyreader.py --generate-only creates its folder (a fresh TMPDIR has none) and the file it names."""
+    cell = next(c for c in run_mod.plan("smoke", tmp_path / "no" / "such" / "dir") if c.workload == "pyreader")
+    r = subprocess.run([*cell.args, "--generate-only"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = Path(cell.args[cell.args.index("--file") + 1])
+    assert data.is_file() and data.stat().st_size > 0
 
 
 @pytest.mark.parametrize("alloc", ALLOCATORS, ids=lambda a: a.name)
-def test_every_cell_runs_under_allocator(alloc, bins, reader_file):
+def test_every_cell_runs_under_allocator(alloc, bins, cells):
     """Each smoke cell completes, exits 0 and prints a RESULT line that parses; failures name the repro command."""
-    if any(c.kind == "redis" for c in CELLS):
+    if any(c.kind == "redis" for c in cells):
         assert run_mod.mbench_programs.redis_available() is None, "redis-server/redis-tools missing"
     failures = []
-    for cell in CELLS:
+    for cell in cells:
         rec = run_mod.run_once(cell, alloc, bins, timeout=60)
         if not rec["ok"]:
             failures.append(f"{cell.id}: {rec['error']}\n    reproduce: {run_mod.repro(cell, alloc, bins)}")
@@ -98,14 +115,15 @@ def test_peak_rss_is_the_commands_own(runner, bins):
 
 def test_bad_option_is_refused(bins):
     r = subprocess.run([str(bins / "mallard-bench-larson"), "-t", "two"], capture_output=True, text=True)
-    assert r.returncode == 2 and "-t" in r.stderr
+    assert r.returncode == 2 and "-t" in r.stderr, r.stderr
 
 
 def test_strict_alignment_mode_fails_on_misalignment_only(bins):
     r = subprocess.run([str(bins / "mallard-bench-aligned"), "-n", "2000", "-m", "posix-strict"], capture_output=True,
                        text=True, timeout=60)
+    assert "RESULT" in r.stdout, f"rc {r.returncode}: {r.stderr}"
     res = run_mod.parse_result(r.stdout)
-    assert (r.returncode == 6) == (res["misaligned"] > 0)
+    assert (r.returncode == 6) == (res["misaligned"] > 0), f"rc {r.returncode}: {r.stderr}"
 
 
 def test_failed_run_is_recorded_not_raised(runner, bins):
@@ -149,7 +167,9 @@ def test_summary_ranks_and_reports_failures(runner):
 
 def test_runner_end_to_end(tmp_path, bins):
     """bench/run.py smoke writes raw JSON, a markdown table and plots, and does not touch docs/."""
-    env = dict(os.environ, MALLARD_BUILD_DIR=str(bins.parent))
+    # A TMPDIR of its own: the runner's data folder must be created, not found left over.
+    env = dict(os.environ, MALLARD_BUILD_DIR=str(bins.parent), TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     doc = REPO / "docs" / "PERFORMANCE.md"
     before = doc.read_bytes() if doc.exists() else None
     r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "smoke", "--allocators", "glibc",
@@ -169,4 +189,4 @@ def test_runner_end_to_end(tmp_path, bins):
 def test_unknown_allocator_is_refused(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "smoke", "--allocators", "nosuchmalloc",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "nosuchmalloc" in r.stderr
+    assert r.returncode == 2 and "nosuchmalloc" in r.stderr, r.stderr

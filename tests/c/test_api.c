@@ -191,10 +191,11 @@ static void test_calloc_zero(void) {
       size_t cnt = round % 2 ? 1 : (n % 8 == 0 ? 8 : 1);
       uint8_t *z = M_calloc(cnt, n / cnt);
       REQUIRE(z, "calloc(%zu, %zu)", cnt, n / cnt);
-      size_t bad = n;
-      for (size_t k = 0; k < n; k++) if (z[k]) { bad = k; break; }
-      CHECK(bad == n, "calloc(%zu, %zu) round %d (reused=%d): byte %zu is 0x%02x", cnt, n / cnt, round, z == d, bad,
-            bad < n ? z[bad] : 0);
+      /* Every usable byte, not just the requested ones: malloc_usable_size promises the slack to the program. */
+      size_t u = M_usable(z), bad = u;
+      for (size_t k = 0; k < u; k++) if (z[k]) { bad = k; break; }
+      CHECK(bad == u, "calloc(%zu, %zu) round %d (reused=%d): byte %zu of %zu usable is 0x%02x", cnt, n / cnt, round,
+            z == d, bad, u, bad < u ? z[bad] : 0);
       memset(z, 0xC3, n);
       M_free(z);
     }
@@ -391,6 +392,224 @@ static void test_sized_free(void) {
   FREE_ALIGNED_SIZED(NULL, 64, 0);
 }
 
+/* jemalloc's non-standard API (and mallard_good_size / mallard_collect) under the three link modes. */
+#define X_LG_ALIGN(la) ((int)(la))
+#define X_ZERO 0x40
+#if defined(MT_PREFIX)
+#define X_MALLOCX mallard_mallocx
+#define X_RALLOCX mallard_rallocx
+#define X_XALLOCX mallard_xallocx
+#define X_SALLOCX mallard_sallocx
+#define X_DALLOCX mallard_dallocx
+#define X_SDALLOCX mallard_sdallocx
+#define X_NALLOCX mallard_nallocx
+#define X_GOOD_SIZE mallard_good_size
+#elif defined(MT_PRELOAD)
+#define X_MALLOCX ((void *(*)(size_t, int))mt_sym("mallocx"))
+#define X_RALLOCX ((void *(*)(void *, size_t, int))mt_sym("rallocx"))
+#define X_XALLOCX ((size_t (*)(void *, size_t, size_t, int))mt_sym("xallocx"))
+#define X_SALLOCX ((size_t (*)(const void *, int))mt_sym("sallocx"))
+#define X_DALLOCX ((void (*)(void *, int))mt_sym("dallocx"))
+#define X_SDALLOCX ((void (*)(void *, size_t, int))mt_sym("sdallocx"))
+#define X_NALLOCX ((size_t (*)(size_t, int))mt_sym("nallocx"))
+#define X_GOOD_SIZE ((size_t (*)(size_t))mt_sym("mallard_good_size"))
+#else
+void *mallocx(size_t size, int flags);
+void *rallocx(void *p, size_t size, int flags);
+size_t xallocx(void *p, size_t size, size_t extra, int flags);
+size_t sallocx(const void *p, int flags);
+void dallocx(void *p, int flags);
+void sdallocx(void *p, size_t size, int flags);
+size_t nallocx(size_t size, int flags);
+#define X_MALLOCX mallocx
+#define X_RALLOCX rallocx
+#define X_XALLOCX xallocx
+#define X_SALLOCX sallocx
+#define X_DALLOCX dallocx
+#define X_SDALLOCX sdallocx
+#define X_NALLOCX nallocx
+#define X_GOOD_SIZE mallard_good_size
+#endif
+
+/* Is every byte of p[0..n) zero? Returns the first non-zero index, or n. */
+static size_t first_nonzero(const uint8_t *p, size_t n) {
+  for (size_t k = 0; k < n; k++) if (p[k]) return k;
+  return n;
+}
+
+/* Redis sizes its buffers with nallocx and writes up to what it returns: nallocx(n, f) must be exactly
+ * sallocx(mallocx(n, f)), for every size range and alignment; MALLOCX_ZERO zeroes all of it. */
+static void test_nallocx_mallocx(void) {
+  const size_t sizes[] = { 0, 1, 15, 16, 17, 100, 1000, 4095, 4096, 4097, 9000, 65536, 100000, 262144, 300 * KiB,
+                           1 * MiB, 1900 * KiB, 2 * MiB + 1, 4 * MiB - 1, 4 * MiB, 5 * MiB + 3, 9 * MiB };
+  const int lgs[] = { 0, 3, 4, 5, 6, 8, 10, 12, 13, 16, 20, 22, 23 };
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    for (size_t j = 0; j < sizeof lgs / sizeof lgs[0]; j++) {
+      size_t n = V(sizes[i]);
+      int flags = X_LG_ALIGN(lgs[j]);
+      size_t al = (size_t)1 << lgs[j];
+      size_t want = X_NALLOCX(n, flags);
+      uint8_t *p = X_MALLOCX(n, flags);
+      CHECK(p != NULL, "mallocx(%zu, lg %d) = NULL", n, lgs[j]);
+      if (!p) continue;
+      size_t got = X_SALLOCX(p, 0);
+      CHECK(want == got, "nallocx(%zu, lg %d) = %zu but sallocx(mallocx()) = %zu", n, lgs[j], want, got);
+      CHECK(got >= n && got == M_usable(p), "mallocx(%zu, lg %d): sallocx %zu, usable %zu", n, lgs[j], got,
+            M_usable(p));
+      CHECK(aligned(p, al < 16 ? 16 : al), "mallocx(%zu, lg %d) = %p misaligned", n, lgs[j], (void *)p);
+      memset(p, 0xE7, want < got ? want : got);   /* writing up to nallocx bytes is safe */
+      X_DALLOCX(p, flags);
+      /* The same request zeroed, likely reusing the block just dirtied: every usable byte is zero. */
+      p = X_MALLOCX(n, flags | X_ZERO);
+      CHECK(p != NULL, "mallocx(%zu, lg %d | ZERO) = NULL", n, lgs[j]);
+      if (!p) continue;
+      got = X_SALLOCX(p, 0);
+      size_t bad = first_nonzero(p, got);
+      CHECK(bad == got, "mallocx(%zu, lg %d | ZERO): byte %zu of %zu usable is 0x%02x", n, lgs[j], bad, got,
+            bad < got ? p[bad] : 0);
+      memset(p, 0x11, got);
+      X_SDALLOCX(p, n, flags);
+    }
+  }
+  /* Impossible requests: mallocx fails, and nallocx says so with 0 (Redis would otherwise write past a block). */
+  const int bad_lg[] = { 63, 62, 56, 48 };
+  for (size_t j = 0; j < sizeof bad_lg / sizeof bad_lg[0]; j++) {
+    errno = 0;
+    void *p = X_MALLOCX(V(1), X_LG_ALIGN(bad_lg[j]));
+    size_t want = X_NALLOCX(V(1), X_LG_ALIGN(bad_lg[j]));
+    CHECK(p == NULL, "mallocx(1, MALLOCX_LG_ALIGN(%d)) = %p", bad_lg[j], p);
+    CHECK(want == 0, "nallocx(1, MALLOCX_LG_ALIGN(%d)) = %zu while mallocx fails", bad_lg[j], want);
+    if (p) X_DALLOCX(p, 0);
+  }
+  /* Beyond PTRDIFF_MAX no object can exist: both fail (a merely unmappable size may still get a non-zero nallocx). */
+  const size_t huge_bad[] = { SIZE_MAX, SIZE_MAX - 4096, SIZE_MAX - 4 * MiB, (size_t)PTRDIFF_MAX + 1 };
+  for (size_t i = 0; i < sizeof huge_bad / sizeof huge_bad[0]; i++) {
+    errno = 0;
+    void *p = X_MALLOCX(V(huge_bad[i]), 0);
+    CHECK(p == NULL && errno == ENOMEM, "mallocx(%zu) = %p errno %d", huge_bad[i], p, errno);
+    CHECK(X_NALLOCX(V(huge_bad[i]), 0) == 0, "nallocx(%zu) = %zu", huge_bad[i], X_NALLOCX(V(huge_bad[i]), 0));
+  }
+  /* mallard_good_size(n) is what malloc(n) really gives. */
+  for (size_t n = 1; n < 6 * MiB; n = n * 3 / 2 + 7) {
+    void *p = M_malloc(n);
+    REQUIRE(p, "malloc(%zu)", n);
+    CHECK(X_GOOD_SIZE(n) == M_usable(p) && X_GOOD_SIZE(n) >= n, "mallard_good_size(%zu) = %zu, malloc's usable %zu",
+          n, X_GOOD_SIZE(n), M_usable(p));
+    M_free(p);
+  }
+}
+
+/* A zeroed 256 MiB block comes from fresh (already zero) pages: it must not be memset into residence. */
+static void test_mallocx_zero_huge_rss(void) {
+  long before = mt_status_kb("VmRSS:");
+  uint8_t *p = X_MALLOCX(V(256 * MiB), X_ZERO);
+  long after = mt_status_kb("VmRSS:");
+  CHECK(p != NULL, "mallocx(256M, ZERO) = NULL");
+  if (!p) return;
+  CHECK(after - before < 32 * 1024, "mallocx(256M, ZERO) made %ld KiB resident (fresh pages need no memset)",
+        after - before);
+  CHECK(p[0] == 0 && p[128 * MiB] == 0 && p[256 * MiB - 1] == 0, "mallocx(256M, ZERO) not zero");
+  X_DALLOCX(p, 0);
+}
+
+static void test_rallocx_xallocx(void) {
+  /* rallocx keeps contents and honours the alignment it is given, growing and shrinking across size ranges. */
+  const size_t steps[] = { 100, 5000, 70000, 600 * KiB, 6 * MiB, 3000, 40 };
+  const int lgs[] = { 0, 6, 12, 16, 21 };
+  for (size_t j = 0; j < sizeof lgs / sizeof lgs[0]; j++) {
+    size_t al = (size_t)1 << lgs[j];
+    uint8_t *p = X_MALLOCX(steps[0], X_LG_ALIGN(lgs[j]));
+    REQUIRE(p, "mallocx(%zu, lg %d)", steps[0], lgs[j]);
+    mt_fill(p, steps[0], 21);
+    size_t kept = steps[0];
+    for (size_t i = 1; i < sizeof steps / sizeof steps[0]; i++) {
+      size_t n = steps[i];
+      uint8_t *q = X_RALLOCX(p, n, X_LG_ALIGN(lgs[j]));
+      CHECK(q != NULL, "rallocx(%zu -> %zu, lg %d) = NULL", kept, n, lgs[j]);
+      if (!q) break;
+      size_t common = kept < n ? kept : n;
+      CHECK(aligned(q, al < 16 ? 16 : al), "rallocx(%zu, lg %d) = %p misaligned", n, lgs[j], (void *)q);
+      CHECK(mt_verify(q, common, 21) == common, "rallocx(%zu -> %zu, lg %d) lost contents at %zu", kept, n, lgs[j],
+            mt_verify(q, common, 21));
+      CHECK(X_SALLOCX(q, 0) >= n, "rallocx(%zu): sallocx %zu", n, X_SALLOCX(q, 0));
+      mt_fill(q, n, 21);
+      kept = n;
+      p = q;
+    }
+    X_DALLOCX(p, 0);
+  }
+  /* rallocx with MALLOCX_ZERO: the bytes past the old usable size are zero. */
+  uint8_t *p = X_MALLOCX(1000, 0);
+  REQUIRE(p, "mallocx(1000)");
+  size_t old = X_SALLOCX(p, 0);
+  memset(p, 0x99, old);
+  uint8_t *q = X_RALLOCX(p, 300 * KiB, X_ZERO);
+  REQUIRE(q, "rallocx(300K, ZERO)");
+  size_t nu = X_SALLOCX(q, 0);
+  CHECK(first_nonzero(q + old, nu - old) == nu - old, "rallocx(ZERO): grown bytes not zero");
+  CHECK(q[0] == 0x99 && q[old - 1] == 0x99, "rallocx(ZERO) lost the old contents");
+  X_DALLOCX(q, 0);
+  /* rallocx that cannot be served: NULL, old block intact. */
+  p = X_MALLOCX(200, 0);
+  REQUIRE(p, "mallocx(200)");
+  mt_fill(p, 200, 5);
+  uint8_t *keep = mt_hide(p);
+  q = X_RALLOCX(p, V(SIZE_MAX - 4096), 0);
+  CHECK(q == NULL, "rallocx(SIZE_MAX - 4096) = %p", (void *)q);
+  CHECK(mt_verify(keep, 200, 5) == 200, "failed rallocx damaged the block");
+  q = X_RALLOCX(keep, 100, X_LG_ALIGN(63));
+  CHECK(q == NULL, "rallocx(lg 63) = %p", (void *)q);
+  CHECK(mt_verify(keep, 100, 5) == 100, "failed rallocx(lg 63) damaged the block");
+  X_DALLOCX(keep, 0);
+
+  /* xallocx resizes in place or not at all: it returns the usable size afterwards (>= the old one when asked to
+   * grow), equal to sallocx, and the block and its contents stay where they are. */
+  const size_t xs[] = { 48, 3000, 100000, 1 * MiB, 8 * MiB };
+  for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+    uint8_t *b = X_MALLOCX(xs[i], 0);
+    REQUIRE(b, "mallocx(%zu)", xs[i]);
+    size_t u0 = X_SALLOCX(b, 0);
+    mt_fill(b, u0, 8);
+    size_t u1 = X_XALLOCX(b, xs[i] * 2, 0, 0);
+    CHECK(u1 >= u0 && u1 == X_SALLOCX(b, 0), "xallocx(%zu -> %zu) = %zu, old usable %zu, sallocx %zu", xs[i],
+          xs[i] * 2, u1, u0, X_SALLOCX(b, 0));
+    CHECK(mt_verify(b, u0, 8) == u0, "xallocx grow damaged the contents");
+    size_t u2 = X_XALLOCX(b, xs[i], xs[i], 0);
+    CHECK(u2 >= xs[i] && u2 == X_SALLOCX(b, 0), "xallocx(%zu, extra %zu) = %zu, sallocx %zu", xs[i], xs[i], u2,
+          X_SALLOCX(b, 0));
+    size_t u3 = X_XALLOCX(b, 1, 0, 0);
+    CHECK(u3 >= 1 && u3 == X_SALLOCX(b, 0) && u3 <= u2, "xallocx shrink = %zu (sallocx %zu, was %zu)", u3,
+          X_SALLOCX(b, 0), u2);
+    size_t keepn = u3 < u0 ? u3 : u0;
+    CHECK(mt_verify(b, keepn, 8) == keepn, "xallocx shrink damaged the contents");
+    memset(b, 0, u3);   /* the usable size it returned is writable */
+    X_SDALLOCX(b, xs[i], 0);
+  }
+}
+
+/* mallard_collect gives cached memory back and leaves every live block as it was. */
+static void test_collect(void) {
+  enum { N = 300 };
+  static uint8_t *live[N];
+  for (int i = 0; i < N; i++) {
+    size_t sz = 16 + (size_t)i * 997;
+    live[i] = M_malloc(sz);
+    REQUIRE(live[i], "malloc(%zu)", sz);
+    mt_fill(live[i], sz, (uint64_t)i);
+  }
+  for (int i = 0; i < N; i += 2) { M_free(live[i]); live[i] = NULL; }
+  MT_COLLECT(false);
+  MT_COLLECT(true);
+  for (int i = 1; i < N; i += 2) {
+    size_t sz = 16 + (size_t)i * 997;
+    CHECK(mt_verify(live[i], sz, (uint64_t)i) == sz, "mallard_collect damaged live block %d", i);
+    M_free(live[i]);
+  }
+  void *p = M_malloc(50000);
+  check_block(p, 50000, 16, "malloc after mallard_collect");
+  M_free(p);
+}
+
 #ifndef MT_PREFIX
 /* glibc's internal names (__libc_malloc & co.) must reach Mallard too: some programs and libraries call them. */
 static void test_libc_names(void) {
@@ -426,8 +645,56 @@ static void test_libc_names(void) {
   p = LIBC(__libc_malloc, void *(*)(size_t))(V(SIZE_MAX));
   CHECK(p == NULL && errno == ENOMEM, "__libc_malloc(SIZE_MAX)");
   /* glibc extensions answered by Mallard. */
-  CHECK(malloc_trim(0) == 1, "malloc_trim");
-  CHECK(mallopt(M_ARENA_MAX, 1) == 1, "mallopt");
+}
+
+/* malloc_trim(0): 1 when it gave memory back to the system, 0 otherwise (glibc's contract); RSS really drops. */
+static void test_malloc_trim(void) {
+  enum { NB = 2048 };
+  static void *blk[NB];
+  mt_rng_t r;
+  mt_rng_seed(&r, 77);
+  size_t total = 0;
+  int n = 0;
+  /* A 64 MiB spread of sizes from small to large, every page touched. */
+  while (total < 64 * MiB && n < NB) {
+    size_t sz = 1000 + (size_t)mt_rng_below(&r, 120 * KiB);
+    blk[n] = malloc(sz);
+    REQUIRE(blk[n], "malloc(%zu)", sz);
+    memset(blk[n], 0x3C, sz);
+    total += sz;
+    n++;
+  }
+  for (int i = 0; i < n; i++) free(blk[i]);
+  long before = mt_status_kb("VmRSS:");
+  int rc = malloc_trim(0);
+  long after = mt_status_kb("VmRSS:");
+  CHECK(rc == 1, "malloc_trim(0) after freeing %zu MiB returned %d, want 1 (memory released)", total / MiB, rc);
+  CHECK(after < before - 32 * 1024, "malloc_trim(0): VmRSS %ld KiB -> %ld KiB, want a drop of more than 32 MiB", before,
+        after);
+  /* Nothing freed since: nothing to release. */
+  rc = malloc_trim(0);
+  CHECK(rc == 0, "a second malloc_trim(0) with nothing freed in between returned %d, want 0", rc);
+  /* The allocator works on. */
+  void *p = malloc(100000);
+  check_block(p, 100000, 16, "malloc after malloc_trim");
+  free(p);
+}
+
+/* mallopt: M_ARENA_MAX 1..64 is accepted (1), every other parameter or value is refused (0), as glibc does. */
+static void test_mallopt(void) {
+  const int ok[] = { 1, 2, 8, 64 };
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+    CHECK(mallopt(M_ARENA_MAX, ok[i]) == 1, "mallopt(M_ARENA_MAX, %d) != 1", ok[i]);
+  const int badv[] = { 0, -1, 65, 1000, -2147483647 - 1 };
+  for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++)
+    CHECK(mallopt(M_ARENA_MAX, badv[i]) == 0, "mallopt(M_ARENA_MAX, %d) != 0", badv[i]);
+  const int params[] = { M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_CHECK_ACTION, M_PERTURB,
+                         M_ARENA_TEST, M_MXFAST, 12345, -1 };
+  for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
+    CHECK(mallopt(params[i], 1) == 0, "mallopt(%d, 1) != 0: an unsupported parameter must be refused", params[i]);
+  void *p = malloc(1000);
+  check_block(p, 1000, 16, "malloc after mallopt");
+  free(p);
 }
 #endif
 
@@ -441,8 +708,14 @@ int main(void) {
   test_aligned();
   test_realloc();
   test_sized_free();
+  test_mallocx_zero_huge_rss();
+  test_nallocx_mallocx();
+  test_rallocx_xallocx();
+  test_collect();
 #ifndef MT_PREFIX
   test_libc_names();
+  test_malloc_trim();
+  test_mallopt();   /* last: M_ARENA_MAX may change how the allocator runs from here on */
 #endif
   return mt_result("test_api");
 }

@@ -12,7 +12,8 @@ int main(void) {
   REQUIRE(rss0 > 0, "cannot read VmRSS");
   size_t len = sizeof(long);
   long decay = -2;
-  MT_CTL("opt.dirty_decay_ms", &decay, &len, NULL, 0);
+  int rc = MT_CTL("opt.dirty_decay_ms", &decay, &len, NULL, 0);
+  REQUIRE(rc == 0 && len == sizeof(long), "mallard_ctl(opt.dirty_decay_ms) = %d, len %zu", rc, len);
   printf("dirty_decay_ms %ld (MALLARD_CONF=%s)\n", decay, getenv("MALLARD_CONF") ? getenv("MALLARD_CONF") : "");
 
   /* Size mix by bytes: a quarter each in small, medium, large and huge blocks. */

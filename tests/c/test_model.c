@@ -1,8 +1,37 @@
 /* test_model.c — randomised model-based test: random malloc/calloc/realloc/aligned/free on several threads, checked
- * against a shadow record (no overlap, contents kept, alignment, usable size). Seed: argv[1] or MALLARD_TEST_SEED. */
+ * against a shadow record (no overlap, contents kept, alignment, usable size), with impossible sizes near SIZE_MAX,
+ * huge reallocs that move, aligned huge blocks and blocks freed/reallocated by other threads; meanwhile side threads
+ * call mallard_collect / malloc_trim, fork, run threads on user-supplied stacks and allocate in every round of TLS
+ * destructors. Seed (the workers' operations): argv[1] or MALLARD_TEST_SEED. */
 #include "mtest.h"
 #include <inttypes.h>
+#include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+/* Under the sanitizers some side threads cannot run: fork from a multi-threaded process is supported neither by
+ * ThreadSanitizer nor by ASan's allocator (see CMakeLists.txt), and ThreadSanitizer itself crashes when a TLS
+ * destructor allocates after its own per-thread teardown (reproduced with glibc's malloc alone). The normal build
+ * runs them all, in the three link modes. */
+#if defined(__SANITIZE_THREAD__)
+#define MT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MT_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define MT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MT_ASAN 1
+#endif
+#endif
+#if defined(MT_TSAN) || defined(MT_ASAN)
+#define MT_NO_FORK 1
+#endif
 
 #define NTHREADS 4
 #define OPS_PER_THREAD 30000
@@ -82,8 +111,16 @@ static blk_t pool[POOL];
 static size_t npool;
 
 static uint64_t seed;
-static _Atomic(uint64_t) nops[8];
-enum { OP_MALLOC, OP_CALLOC, OP_ALIGNED, OP_REALLOC, OP_FREE, OP_HANDOFF, OP_ADOPT, OP_FAILED };
+static _Atomic(uint64_t) nops[16];
+enum { OP_MALLOC, OP_CALLOC, OP_ALIGNED, OP_REALLOC, OP_FREE, OP_HANDOFF, OP_ADOPT, OP_FAILED, OP_HUGE_MOVE,
+       OP_HUGE_ALIGNED, OP_COLLECT, OP_FORK, OP_STACK_THREAD, OP_TLS_ROUND };
+
+/* Requests no allocator can serve: each must fail with ENOMEM and leave everything else as it was. */
+static const size_t impossible[] = { SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 15, SIZE_MAX - 4095, SIZE_MAX - 4096,
+                                     SIZE_MAX - 16384, SIZE_MAX - (4u << 20), SIZE_MAX / 2 + 1, (size_t)PTRDIFF_MAX,
+                                     (size_t)1 << 62 };
+static __thread volatile size_t vsize;   /* per thread: the workers call V() at once */
+static size_t V(size_t x) { vsize = x; return vsize; }
 
 static size_t pick_size(mt_rng_t *r) {
   uint64_t x = mt_rng_below(r, 10000);
@@ -167,6 +204,50 @@ static void *thread_main(void *arg) {
         atomic_fetch_add(&nops[OP_ADOPT], 1);
       }
       pthread_mutex_unlock(&pool_lock);
+    } else if (x < 47) {                             /* an impossible size: NULL + ENOMEM, nothing touched */
+      size_t n = V(impossible[mt_rng_below(&r, sizeof impossible / sizeof impossible[0])]);
+      uint64_t how = mt_rng_below(&r, 5);
+      errno = 0;
+      if (how == 0) {
+        void *p = M_malloc(n);
+        CHECK(!p && errno == ENOMEM, "seed %" PRIu64 ": malloc(%zu) = %p errno %d", seed, n, p, errno);
+      } else if (how == 1) {
+        void *p = M_calloc(1 + mt_rng_below(&r, 3), n);
+        CHECK(!p && errno == ENOMEM, "seed %" PRIu64 ": calloc(k, %zu) = %p errno %d", seed, n, p, errno);
+      } else if (how == 2) {
+        void *p = M_aligned_alloc((size_t)1 << (4 + mt_rng_below(&r, 20)), n);
+        CHECK(!p && errno == ENOMEM, "seed %" PRIu64 ": aligned_alloc(.., %zu) = %p errno %d", seed, n, p, errno);
+      } else if (nlive) {                            /* realloc of a live block: fails, the block stays intact */
+        blk_t *k = &live[mt_rng_below(&r, nlive)];
+        void *q = M_realloc(k->p, n);
+        CHECK(!q && errno == ENOMEM, "seed %" PRIu64 ": realloc(%p [%zu], %zu) = %p errno %d", seed, (void *)k->p,
+              k->size, n, q, errno);
+        size_t bad = verify(k->p, k->size, k->tag, SIZE_MAX);
+        CHECK(bad == SIZE_MAX, "seed %" PRIu64 ": failed realloc(%p [%zu], %zu) changed byte %zu", seed, (void *)k->p,
+              k->size, n, bad);
+        CHECK(M_usable(k->p) == k->usable, "seed %" PRIu64 ": failed realloc changed the usable size %zu -> %zu", seed,
+              k->usable, M_usable(k->p));
+      }
+      atomic_fetch_add(&nops[OP_FAILED], 1);
+    } else if (x < 49 && nlive && bytes < MAX_LIVE_BYTES / 2) {   /* a huge block grown (moves) or shrunk a lot */
+      size_t i = mt_rng_below(&r, nlive);
+      blk_t *k = &live[i];
+      size_t n = k->size < (2u << 20) ? (2u << 20) + mt_rng_below(&r, 6u << 20)
+               : mt_rng_below(&r, 2) ? k->size * 2 + mt_rng_below(&r, 1u << 20) : k->size / 3;
+      if (n > (64u << 20)) n = 64u << 20;
+      shadow_remove(k);
+      uint8_t *q = M_realloc(k->p, n);
+      REQUIRE(q, "seed %" PRIu64 ": realloc(%p, %zu) failed", seed, (void *)k->p, n);
+      blk_t nk = { q, n, 16, 0, next_tag++ };
+      check_new(&nk, "realloc(huge)");
+      size_t bad = verify(q, k->size, k->tag, k->size < n ? k->size : n);
+      CHECK(bad == SIZE_MAX, "seed %" PRIu64 ": huge realloc %zu -> %zu (%p -> %p): byte %zu lost", seed, k->size, n,
+            (void *)k->p, (void *)q, bad);
+      fill(q, n, nk.tag);
+      shadow_add(&nk);
+      bytes = bytes - k->size + n;
+      *k = nk;
+      atomic_fetch_add(&nops[OP_HUGE_MOVE], 1);
     } else {                                         /* allocate: malloc, calloc or an aligned function */
       size_t n = pick_size(&r);
       blk_t k = { NULL, n, 16, 0, next_tag++ };
@@ -185,6 +266,11 @@ static void *thread_main(void *arg) {
       } else {
         unsigned lg = (unsigned)(mt_rng_below(&r, 100) < 95 ? 3 + mt_rng_below(&r, 10) : 13 + mt_rng_below(&r, 11));
         k.align = (size_t)1 << lg;                   /* 8 B .. 4 MiB */
+        if (mt_rng_below(&r, 20) == 0 && bytes < MAX_LIVE_BYTES / 2) {   /* an aligned huge block */
+          k.align = (size_t)1 << (21 + mt_rng_below(&r, 4));             /* 2 .. 16 MiB */
+          k.size = n = (3u << 20) + mt_rng_below(&r, 12u << 20);
+          atomic_fetch_add(&nops[OP_HUGE_ALIGNED], 1);
+        }
         uint64_t fn = mt_rng_below(&r, 3);
         if (fn == 0) { k.p = M_aligned_alloc(k.align, n); what = "aligned_alloc"; }
         else if (fn == 1) { void *p = NULL; if (M_posix_memalign(&p, k.align, n) == 0) k.p = p; what = "posix_memalign"; }
@@ -203,6 +289,127 @@ static void *thread_main(void *arg) {
   return NULL;
 }
 
+/* ---- side threads, running while the workers do ---- */
+static _Atomic(int) side_stop;
+
+/* mallard_collect (and malloc_trim where malloc is Mallard's) from a thread of its own. */
+static void *collector(void *arg) {
+  (void)arg;
+  for (unsigned i = 0; !atomic_load(&side_stop); i++) {
+#ifndef MT_PREFIX
+    if (i % 3 == 2) malloc_trim(0);
+    else
+#endif
+      MT_COLLECT(i % 3 == 0);
+    atomic_fetch_add(&nops[OP_COLLECT], 1);
+    usleep(2000);
+  }
+  return NULL;
+}
+
+/* A short life: a few blocks, some left behind for the process to reuse. */
+static void small_life(unsigned salt) {
+  void *keep[16];
+  for (unsigned i = 0; i < 16; i++) {
+    size_t n = 16 + (i * 977 + salt) % 40000;
+    keep[i] = M_malloc(n);
+    REQUIRE(keep[i], "malloc(%zu)", n);
+    mt_fill(keep[i], n, salt + i);
+  }
+  for (unsigned i = 0; i < 16; i++) {
+    size_t n = 16 + (i * 977 + salt) % 40000;
+    CHECK(mt_verify(keep[i], n, salt + i) == n, "block %u of a short-lived thread damaged", i);
+    M_free(keep[i]);
+  }
+}
+
+#ifndef MT_NO_FORK
+/* fork while the workers allocate: the child allocates, frees, starts a thread and exits 0. */
+static void *child_thread(void *arg) { small_life((unsigned)(uintptr_t)arg); return NULL; }
+static void *forker(void *arg) {
+  (void)arg;
+  for (unsigned i = 0; !atomic_load(&side_stop) && i < 40; i++) {
+    int before = atomic_load(&mt_failures);
+    pid_t pid = fork();
+    if (pid == 0) {
+      small_life(i);
+      pthread_t t;
+      if (pthread_create(&t, NULL, child_thread, (void *)(uintptr_t)i) == 0) pthread_join(t, NULL);
+      else CHECK(0, "pthread_create in a forked child failed");
+      _exit(atomic_load(&mt_failures) != before ? 1 : 0);
+    }
+    REQUIRE(pid > 0, "fork: %s", strerror(errno));
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "seed %" PRIu64 ": forked child status 0x%x", seed, st);
+    atomic_fetch_add(&nops[OP_FORK], 1);
+    usleep(5000);
+  }
+  return NULL;
+}
+#endif
+
+/* Threads on user-supplied stacks (pthread_attr_setstack), joined: glibc frees their TLS with its stack lock held. */
+static void *stack_thread(void *arg) { small_life((unsigned)(uintptr_t)arg); return NULL; }
+static void *stack_spawner(void *arg) {
+  (void)arg;
+  enum { STACK = 4 * 1024 * 1024 };   /* room for a sanitizer runtime's static TLS too */
+  void *stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(stack != MAP_FAILED, "mmap(stack)");
+  for (unsigned i = 0; !atomic_load(&side_stop) && i < 200; i++) {
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    REQUIRE(pthread_attr_setstack(&at, stack, STACK) == 0, "pthread_attr_setstack");
+    pthread_t t;
+    int rc = pthread_create(&t, &at, stack_thread, (void *)(uintptr_t)i);
+    pthread_attr_destroy(&at);
+    REQUIRE(rc == 0, "pthread_create on a user stack: %d", rc);
+    pthread_join(t, NULL);   /* the stack is reused by the next one only after the join */
+    atomic_fetch_add(&nops[OP_STACK_THREAD], 1);
+  }
+  munmap(stack, STACK);
+  return NULL;
+}
+
+#ifndef MT_TSAN
+/* A TLS destructor that frees the block it is given and allocates in every round; it re-sets the key (another
+ * round) until glibc's last round, where the block it allocates is freed at once. */
+static pthread_key_t tls_key;
+static __thread unsigned tls_rounds;
+static void tls_destructor(void *v) {
+  /* The block of round r has 24 + 100 r bytes and pattern r (round 0: the one the thread set). */
+  size_t had = 24 + (size_t)tls_rounds * 100;
+  CHECK(mt_verify(v, had, tls_rounds) == had, "TLS block of round %u damaged", tls_rounds);
+  M_free(v);
+  tls_rounds++;
+  size_t n = 24 + (size_t)tls_rounds * 100;
+  uint8_t *p = M_malloc(n);
+  REQUIRE(p, "malloc in TLS destructor round %u", tls_rounds);
+  mt_fill(p, n, tls_rounds);
+  atomic_fetch_add(&nops[OP_TLS_ROUND], 1);
+  if (tls_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) pthread_setspecific(tls_key, p);
+  else M_free(p);
+}
+static void *tls_thread(void *arg) {
+  (void)arg;
+  uint8_t *p = M_malloc(24);
+  REQUIRE(p, "malloc(24)");
+  mt_fill(p, 24, 0);
+  pthread_setspecific(tls_key, p);
+  small_life(7);
+  return NULL;
+}
+static void *tls_spawner(void *arg) {
+  (void)arg;
+  for (unsigned i = 0; !atomic_load(&side_stop) && i < 200; i++) {
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, tls_thread, NULL) == 0, "pthread_create");
+    pthread_join(t, NULL);
+  }
+  return NULL;
+}
+#endif
+
 int main(int argc, char **argv) {
   const char *s = argc > 1 ? argv[1] : getenv("MALLARD_TEST_SEED");
   seed = s ? strtoull(s, NULL, 0) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20));
@@ -210,15 +417,31 @@ int main(int argc, char **argv) {
          seed, argv[0], seed, seed);
   fflush(stdout);
   double t0 = mt_now();
-  pthread_t t[NTHREADS];
+  pthread_t t[NTHREADS], side[4];
+  int nside = 0;
+  REQUIRE(!pthread_create(&side[nside++], NULL, collector, NULL), "create");
+  REQUIRE(!pthread_create(&side[nside++], NULL, stack_spawner, NULL), "create");
+#ifndef MT_TSAN
+  REQUIRE(pthread_key_create(&tls_key, tls_destructor) == 0, "pthread_key_create");
+  REQUIRE(!pthread_create(&side[nside++], NULL, tls_spawner, NULL), "create");
+#endif
+#ifndef MT_NO_FORK
+  REQUIRE(!pthread_create(&side[nside++], NULL, forker, NULL), "create");
+#endif
   for (uintptr_t i = 0; i < NTHREADS; i++) REQUIRE(!pthread_create(&t[i], NULL, thread_main, (void *)i), "create");
   for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
+  atomic_store(&side_stop, 1);
+  for (int i = 0; i < nside; i++) pthread_join(side[i], NULL);
   while (npool) release(&pool[--npool]);
   CHECK(nshadow == 0, "%zu blocks left in the shadow", nshadow);
   printf("ops: malloc %" PRIu64 ", calloc %" PRIu64 ", aligned %" PRIu64 ", realloc %" PRIu64 ", free %" PRIu64
          ", handed over %" PRIu64 ", adopted %" PRIu64 "; %.2f s\n",
          nops[OP_MALLOC], nops[OP_CALLOC], nops[OP_ALIGNED], nops[OP_REALLOC], nops[OP_FREE], nops[OP_HANDOFF],
          nops[OP_ADOPT], mt_now() - t0);
+  printf("impossible requests %" PRIu64 ", huge moves %" PRIu64 ", aligned huge %" PRIu64 ", collects %" PRIu64
+         ", forks %" PRIu64 ", user-stack threads %" PRIu64 ", TLS destructor rounds %" PRIu64 "\n",
+         nops[OP_FAILED], nops[OP_HUGE_MOVE], nops[OP_HUGE_ALIGNED], nops[OP_COLLECT], nops[OP_FORK],
+         nops[OP_STACK_THREAD], nops[OP_TLS_ROUND]);
   if (atomic_load(&mt_failures)) printf("FAILED with seed %" PRIu64 "\n", seed);
   return mt_result("test_model (" MT_MODE ")");
 }

@@ -1,5 +1,6 @@
 /* test_stress.c — multi-threaded stress: producers allocate, consumers on other threads verify and free (remote frees). */
 #include "mtest.h"
+static uint64_t stress_seed;
 #include <pthread.h>
 
 #define NPROD 6
@@ -76,7 +77,7 @@ static void consume(void *p) {
 static void *producer(void *arg) {
   unsigned id = (unsigned)(uintptr_t)arg;
   mt_rng_t r;
-  mt_rng_seed(&r, 1000 + id);
+  mt_rng_seed(&r, stress_seed * 7919 + 1000 + id);
   /* Some blocks the producer keeps and frees itself, interleaved with those it hands over (local + remote frees). */
   enum { KEEP = 64 };
   void *kept[KEEP] = { 0 };
@@ -112,7 +113,7 @@ static void *producer(void *arg) {
 static void *consumer(void *arg) {
   queue_t *q = &queues[(uintptr_t)arg];
   mt_rng_t r;
-  mt_rng_seed(&r, 77 + (uintptr_t)arg);
+  mt_rng_seed(&r, stress_seed * 31 + 77 + (uintptr_t)arg);
   /* Hold a window of blocks before freeing them, so frees arrive out of order and while producers allocate. */
   enum { WINDOW = 256 };
   void *win[WINDOW] = { 0 };
@@ -126,7 +127,13 @@ static void *consumer(void *arg) {
   return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  /* Seed of the producers' sizes: argv[1] or MALLARD_TEST_SEED (scripts/soak.sh), 0 by default (the CI run). */
+  const char *sd = argc > 1 ? argv[1] : getenv("MALLARD_TEST_SEED");
+  stress_seed = sd ? strtoull(sd, NULL, 0) : 0;
+  printf("test_stress (%s): seed %llu (replay: %s %llu)\n", MT_MODE, (unsigned long long)stress_seed, argv[0],
+         (unsigned long long)stress_seed);
+  fflush(stdout);
   double t0 = mt_now();
   for (int c = 0; c < NCONS; c++) {
     pthread_mutex_init(&queues[c].lock, NULL);
@@ -136,7 +143,8 @@ int main(void) {
   }
   size_t len = sizeof(size_t);
   size_t alloc0 = 0;
-  MT_CTL("stats.allocated", &alloc0, &len, NULL, 0);
+  int rc = MT_CTL("stats.allocated", &alloc0, &len, NULL, 0);
+  REQUIRE(rc == 0 && len == sizeof(size_t), "mallard_ctl(stats.allocated) = %d, len %zu", rc, len);
   pthread_t prod[NPROD], cons[NCONS];
   for (uintptr_t i = 0; i < NCONS; i++) REQUIRE(!pthread_create(&cons[i], NULL, consumer, (void *)i), "create");
   for (uintptr_t i = 0; i < NPROD; i++) REQUIRE(!pthread_create(&prod[i], NULL, producer, (void *)i), "create");
@@ -148,7 +156,8 @@ int main(void) {
   /* Every block came back: the live-bytes statistic returns to where it started (give or take the test's own). */
   size_t alloc1 = 0;
   len = sizeof(size_t);
-  MT_CTL("stats.allocated", &alloc1, &len, NULL, 0);
+  rc = MT_CTL("stats.allocated", &alloc1, &len, NULL, 0);
+  REQUIRE(rc == 0 && len == sizeof(size_t), "mallard_ctl(stats.allocated) = %d, len %zu", rc, len);
   printf("stats.allocated before %zu after %zu\n", alloc0, alloc1);
   CHECK(alloc1 <= alloc0 + 256 * 1024, "stats.allocated grew from %zu to %zu after freeing everything", alloc0, alloc1);
   printf("%llu blocks through %d producers and %d consumers, %.1f MB verified, %.2f s\n", (unsigned long long)want,

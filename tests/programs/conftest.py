@@ -104,9 +104,11 @@ def check_reports(reports: list[dict], min_mallocs: int, min_reports: int = 1, s
 class Preload:
     """Runs commands with LD_PRELOAD=<a Mallard library> and a clean Mallard configuration."""
 
-    def __init__(self, lib: Path = LIB, name: str = "mallard"):
+    def __init__(self, lib: Path = LIB, name: str = "mallard", workdir: Path | None = None):
         self.lib = lib
         self.name = name
+        # Where a command runs unless the test names a folder: a fresh temporary one, never the checkout.
+        self.workdir = workdir
 
     def env(self, stats: bool = False, extra: dict | None = None, preload: bool = True) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLARD_CONF")}
@@ -127,6 +129,8 @@ class Preload:
         __tracebackhide__ = True
         if "input" not in kw:
             kw.setdefault("stdin", subprocess.DEVNULL)
+        if self.workdir is not None:
+            kw.setdefault("cwd", self.workdir)
         proc = subprocess.run(cmd, env=self.env(stats, extra_env), capture_output=True, text=text,
                               timeout=timeout, **kw)
         if check and proc.returncode != 0:
@@ -142,19 +146,19 @@ class Preload:
 
 
 @pytest.fixture(scope="session")
-def preload() -> Preload:
+def preload(tmp_path_factory) -> Preload:
     assert LIB.exists(), f"build Mallard first: {LIB} is missing (MALLARD_BUILD_DIR={BUILD})"
-    return Preload()
+    return Preload(workdir=tmp_path_factory.mktemp("programs-cwd"))
 
 
 @pytest.fixture(scope="session", params=list(VARIANTS))
-def preload_variant(request) -> Preload:
+def preload_variant(request, tmp_path_factory) -> Preload:
     """libmallard.so, then libmallard-secure.so where this build directory has it."""
     lib = VARIANTS[request.param]
     if request.param != "mallard" and not lib.exists():
         pytest.skip(f"{lib.name} is not built in {BUILD}")
     assert lib.exists(), f"build Mallard first: {lib} is missing (MALLARD_BUILD_DIR={BUILD})"
-    return Preload(lib, request.param)
+    return Preload(lib, request.param, workdir=tmp_path_factory.mktemp(f"{request.param}-cwd"))
 
 
 @pytest.fixture(scope="session")

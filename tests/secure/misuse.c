@@ -1,7 +1,9 @@
 /* misuse.c — commits one kind of heap misuse (named on the command line) for the secure variant's tests. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,34 @@ static void *volatile sink;
 
 /* Keep the compiler from reasoning about the misuse (it would warn, or drop the code). */
 static void *opaque(void *p) { sink = p; return sink; }
+/* memset through a volatile pointer: the compiler cannot prove the stores dead before a free and drop them. */
+static void *(*volatile opaque_memset)(void *, int, size_t) = memset;
+
+/* Is the OS page starting at addr mapped with no access at all (a guard)? Reads /proc/self/maps. */
+static int page_is_prot_none(uintptr_t addr) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[512];
+  int found = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+    if (addr >= lo && addr < hi) { found = !strncmp(perms, "---", 3) ? 1 : 2; break; }
+  }
+  fclose(f);
+  return found;   /* 1: PROT_NONE, 2: accessible, 0: not mapped */
+}
+
+/* The option as Mallard reports it through mallard_ctl (looked up: the program does not link Mallard). */
+static int reported_bool(const char *name) {
+  int (*ctl)(const char *, void *, size_t *, void *, size_t) =
+      (int (*)(const char *, void *, size_t *, void *, size_t))dlsym(RTLD_DEFAULT, "mallard_ctl");
+  bool v = false;
+  size_t len = sizeof v;
+  if (!ctl || ctl(name, &v, &len, NULL, 0) != 0) return -1;
+  return v;
+}
 
 int main(int argc, char **argv) {
   const char *m = argc > 1 ? argv[1] : "";
@@ -60,14 +90,37 @@ int main(int argc, char **argv) {
     char *h = malloc(5u << 20);
     volatile char *end = h + malloc_usable_size(h);
     end[100] = 1;                     /* just past the huge block */
+  } else if (!strcmp(m, "huge-guard-maps")) {
+    /* Which mapping follows a huge block: prints "guard" (PROT_NONE), "open" (accessible) or "unmapped". */
+    char *h = malloc(5u << 20);
+    uintptr_t end = ((uintptr_t)h + malloc_usable_size(h) + 4095) & ~(uintptr_t)4095;
+    int st = page_is_prot_none(end);
+    printf("%s\n", st == 1 ? "guard" : st == 2 ? "open" : "unmapped");
+    free(h);
+    return 0;
+  } else if (!strcmp(m, "layout")) {
+    /* The addresses a fresh program gets: 64 small blocks of one class, then 8 blocks each in a new region. */
+    void *small[64], *big[8];
+    for (int i = 0; i < 64; i++) small[i] = malloc(48);
+    for (int i = 0; i < 8; i++) big[i] = malloc(6u << 20);
+    printf("small");
+    for (int i = 0; i < 64; i++) printf(" %lx", (unsigned long)(uintptr_t)small[i]);
+    printf("\nbig");
+    for (int i = 0; i < 8; i++) printf(" %lx", (unsigned long)(uintptr_t)big[i]);
+    printf("\n");
+    return 0;
   } else if (!strcmp(m, "zero-on-free")) {
+    /* Prints "wiped" or "not wiped at N", then "reported R": what mallard_ctl says opt.zero_on_free is. */
     char *q = malloc(200);
-    memset(q, 0x5a, 200);
-    free(q);
+    opaque_memset(q, 0x5a, 200);
+    free(opaque(q));
     /* The block's bytes after the free-list link must be wiped (the link itself is the first 8). */
-    for (int i = 8; i < 192; i++)
-      if (((volatile char *)q)[i] != 0) { printf("not wiped at %d\n", i); return 1; }
-    printf("wiped\n");
+    int bad = -1;
+    for (int i = 8; i < 192 && bad < 0; i++)
+      if (((volatile char *)q)[i] != 0) bad = i;
+    if (bad >= 0) printf("not wiped at %d\n", bad);
+    else printf("wiped\n");
+    printf("reported %d\n", reported_bool("opt.zero_on_free"));
     return 0;
   } else {
     fprintf(stderr, "unknown misuse %s\n", m);

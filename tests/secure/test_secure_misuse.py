@@ -54,9 +54,101 @@ def test_secure_guard_pages(misuse):
     assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
 
 
+def zero_on_free(lib, conf=None):
+    """(wiped?, what opt.zero_on_free reports, stderr) after the program dirtied a block opaquely and freed it."""
+    r = run(lib, "zero-on-free", conf=conf)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("reported "), r.stdout
+    return lines[0] == "wiped", int(lines[1].split()[1]), r.stderr
+
+
 def test_zero_on_free():
-    r = run(SECURE, "zero-on-free", conf="zero_on_free:true")
-    assert r.returncode == 0 and "wiped" in r.stdout
+    wiped, reported, err = zero_on_free(SECURE, "zero_on_free:true")
+    assert wiped and reported == 1, err
+
+
+def test_zero_on_free_control_secure_off():
+    """Control: the same program with the option off sees its own bytes (so the check above can fail)."""
+    wiped, reported, err = zero_on_free(SECURE, "zero_on_free:false")
+    assert not wiped and reported == 0, err
+
+
+def test_zero_on_free_control_fast_default():
+    """Control: the fast variant does not wipe by default."""
+    wiped, reported, err = zero_on_free(FAST)
+    assert not wiped and reported == 0, err
+
+
+def test_fast_variant_zero_on_free_is_in_force_or_refused():
+    """An option mallard_ctl reports must be in force: the fast variant wipes, or refuses the option in one line."""
+    wiped, reported, err = zero_on_free(FAST, "zero_on_free:true")
+    if wiped:
+        assert reported == 1
+    else:
+        assert reported == 0, f"opt.zero_on_free reported on but nothing was wiped; stderr: {err!r}"
+        lines = [ln for ln in err.splitlines() if "zero_on_free" in ln]
+        assert len(lines) == 1, f"the refusal must be one line naming the option: {err!r}"
+
+
+def guard_after_huge(lib):
+    r = run(lib, "huge-guard-maps")
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    return r.stdout.strip()
+
+
+def test_secure_huge_block_followed_by_prot_none_mapping():
+    """The page right after a huge block is a PROT_NONE mapping in /proc/self/maps (not just any fault)."""
+    assert guard_after_huge(SECURE) == "guard"
+
+
+def test_fast_huge_block_has_no_guard_control():
+    """Control: the fast variant has no guard page there, so the check above distinguishes the two."""
+    assert guard_after_huge(FAST) != "guard"
+
+
+def layout(lib):
+    """(small block addresses in allocation order, addresses of 8 blocks each in a fresh region)."""
+    r = run(lib, "layout")
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    rows = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    return [int(x, 16) for x in rows["small"].split()], [int(x, 16) for x in rows["big"].split()]
+
+
+def stride_share(addrs):
+    """The share of consecutive differences equal to the most common one (1.0: a sequential layout)."""
+    diffs = [b - a for a, b in zip(addrs, addrs[1:])]
+    return max(diffs.count(d) for d in set(diffs)) / len(diffs)
+
+
+def rank_order(addrs):
+    return sorted(range(len(addrs)), key=addrs.__getitem__)
+
+
+def test_secure_allocation_order_is_random():
+    """Blocks of one class do not come in address order, and the order differs from one run to the next."""
+    small1, _ = layout(SECURE)
+    small2, _ = layout(SECURE)
+    assert stride_share(small1) < 0.5 and stride_share(small2) < 0.5, (small1, small2)
+    assert rank_order(small1) != rank_order(small2)
+
+
+def test_secure_region_addresses_are_random():
+    """Regions are neither next to each other nor at the same places across runs."""
+    _, big1 = layout(SECURE)
+    _, big2 = layout(SECURE)
+    assert stride_share(big1) < 0.5 and stride_share(big2) < 0.5, ([hex(a) for a in big1], [hex(a) for a in big2])
+    assert not set(big1) & set(big2)
+    # Not packed together either: the regions span far more than their own size.
+    assert max(big1) - min(big1) > 64 * len(big1) * (8 << 20)
+
+
+def test_fast_layout_is_sequential_control():
+    """Control: the fast variant hands out blocks and regions in sequence, which the checks above would reject."""
+    small1, big1 = layout(FAST)
+    small2, _ = layout(FAST)
+    assert stride_share(small1) == 1.0 and stride_share(big1) == 1.0
+    assert rank_order(small1) == rank_order(small2)
 
 
 @pytest.mark.parametrize("misuse", ["stack-free", "foreign-free"])
