@@ -310,10 +310,11 @@ void *mld_huge_find(const void *p) {
   for (uintptr_t i = 0; i <= steps && i <= g; i++) {
     const segment_t *seg = (const segment_t *)((g - i) << MLD_SEGMENT_SHIFT);
     if (!mld_owned(seg)) continue;
-    if (seg->kind != SEG_HUGE) return NULL;   /* the nearest segment below p is a normal one */
-    const uint8_t *user = __atomic_load_n(&seg->user, __ATOMIC_ACQUIRE);
-    if (user && (const uint8_t *)p >= user && (const uint8_t *)p < user + seg->user_size) return (void *)seg;
-    return NULL;
+    if (seg->kind == SEG_HUGE) {   /* the nearest marked granule below p: p is in this block or in none marked */
+      const uint8_t *user = __atomic_load_n(&seg->user, __ATOMIC_ACQUIRE);
+      if (user && (const uint8_t *)p >= user && (const uint8_t *)p < user + seg->user_size) return (void *)seg;
+    }
+    break;
   }
   if (big_aligned_empty()) return NULL;   /* blocks aligned beyond a segment have no bit: look them up */
   segment_t *found = NULL;
