@@ -8,8 +8,8 @@ if(NOT MALLARD_PIP_PYTHON)
     find_program(MALLARD_PIP_PYTHON python3 REQUIRED)
   endif()
 endif()
-# With setuptools at hand the wheel is built offline; without it pip fetches setuptools from PyPI.
-execute_process(COMMAND ${MALLARD_PIP_PYTHON} -c "import setuptools" RESULT_VARIABLE no_setuptools OUTPUT_QUIET ERROR_QUIET)
+# With setuptools and wheel at hand the wheel is built offline; without it pip fetches setuptools from PyPI.
+execute_process(COMMAND ${MALLARD_PIP_PYTHON} -c "import setuptools, wheel" RESULT_VARIABLE no_setuptools OUTPUT_QUIET ERROR_QUIET)
 set(isolation "")
 if(no_setuptools EQUAL 0)
   set(isolation "--no-build-isolation")
@@ -23,6 +23,8 @@ install(CODE "
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR \"pip could not install tools/mallard into \${target}\")
   endif()
-  file(REMOVE_RECURSE \"\${target}/bin\")" COMPONENT cli)
+  file(REMOVE_RECURSE \"\${target}/bin\")
+  file(GLOB direct \"\${target}/mallard_cli-*.dist-info/direct_url.json\")  # names the build folder
+  file(REMOVE \${direct})" COMPONENT cli)
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/packaging/mallard-launcher DESTINATION ${CMAKE_INSTALL_BINDIR}
         RENAME mallard COMPONENT cli)
