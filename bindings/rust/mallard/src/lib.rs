@@ -1,9 +1,17 @@
 //! The Mallard memory allocator for Rust: [`Mallard`] as the global allocator, and safe access to its
 //! statistics and control namespace ([`ctl_read`], [`ctl_write`], [`stats_report`]).
 //!
-//! ```no_run
+//! ```
 //! #[global_allocator]
 //! static GLOBAL: mallard::Mallard = mallard::Mallard;
+//!
+//! fn main() {
+//!     let v = vec![1u8; 1 << 20];
+//!     assert!(mallard::owns(v.as_ptr()));
+//!     let allocated: usize = mallard::ctl_read("stats.allocated").unwrap();
+//!     println!("{} bytes allocated, Mallard {}", allocated, mallard::version());
+//!     print!("{}", mallard::stats_report(mallard::StatsFormat::Text));
+//! }
 //! ```
 //!
 //! The crate uses Mallard's prefixed API (`mallard_malloc`, ...): the C library's own `malloc` stays the
