@@ -111,3 +111,17 @@ def test_find_package_consumer(prefix, tmp_path):
     # The shared targets really are the installed libraries, not a copy linked in.
     assert "libmallard.so.0" in run(["ldd", str(build / "use-mallard")])
     assert "libmallard-secure.so.0" in run(["ldd", str(build / "use-secure")])
+
+
+def test_mallard_run_preloads_the_installed_library(prefix):
+    """mallard-run finds the library relative to itself, keeps an LD_PRELOAD already set, and explains misuse."""
+    run_cmd = str(prefix / "bin" / "mallard-run")
+    maps = run([run_cmd, "cat", "/proc/self/maps"], env=clean_env())
+    assert os.path.realpath(prefix / "lib" / "libmallard.so.0") in maps, maps
+    maps = run([run_cmd, "--secure", "cat", "/proc/self/maps"], env=clean_env())
+    assert os.path.realpath(prefix / "lib" / "libmallard-secure.so.0") in maps, maps
+    other = os.path.realpath(prefix / "lib" / "libmallard-tracer.so")
+    out = run([run_cmd, "sh", "-c", "echo $LD_PRELOAD"], env=dict(clean_env(), LD_PRELOAD=other))
+    assert out.strip() == other + ":" + os.path.realpath(prefix / "lib" / "libmallard.so.0"), out
+    r = subprocess.run([run_cmd], capture_output=True, text=True, env=clean_env())
+    assert r.returncode == 2 and "usage: mallard-run" in r.stderr, r.stderr
