@@ -11,7 +11,6 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_RELEASE 1)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
-set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "")
 set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_OUTPUT_FILE_PREFIX ${PROJECT_BINARY_DIR}/debs)
 set(mallard_deb_version "${PROJECT_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")
@@ -34,6 +33,8 @@ set(CPACK_DEBIAN_CLI_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_CLI_PACKAGE_DEPENDS
     "libmallard${MALLARD_SOVERSION} (= ${mallard_deb_version}), python3 (>= 3.9), python3-rich")
 set(CPACK_DEBIAN_CLI_PACKAGE_RECOMMENDS "python3-matplotlib")
+set(CPACK_DEBIAN_CLI_PACKAGE_CONTROL_EXTRA ${mallard_pack_dir}/mallard/prerm)
+set(CPACK_DEBIAN_CLI_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_CLI_DESCRIPTION "Mallard memory allocator - the mallard command
 Runs programs under any allocator, profiles their allocations (with the mallard tracer), benchmarks
 them side by side and explains their virtual memory; mallard-run runs one program on Mallard.")

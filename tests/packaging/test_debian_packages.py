@@ -121,3 +121,10 @@ def test_global_switch_lifecycle(debs, tmp_path):
     dpkg("--purge", "mallard-global")
     assert not pathlib.Path("/etc/profile.d/mallard-global.sh").exists()
     assert "libmallard" not in login_shell("cat /proc/self/maps", home)
+
+    # Purged, the packages leave nothing behind (the command's byte-code included: it ran above as root).
+    dpkg("--purge", *PACKAGES)
+    left = [p for p in ("/usr/lib/python3/dist-packages/mallard_cli", lib, f"/usr/lib/{libdir}/libmallard-tracer.so",
+                        "/usr/bin/mallard", "/usr/bin/mallard-run", f"/usr/lib/{libdir}/cmake/mallard",
+                        "/usr/include/mallard.h") if os.path.lexists(p)]
+    assert not left, f"left behind after purge: {left}"
