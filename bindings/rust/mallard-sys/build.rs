@@ -10,7 +10,7 @@ fn main() {
     let mut sources: Vec<PathBuf> = fs::read_dir(&src)
         .unwrap_or_else(|e| panic!("cannot read the C sources in {}: {e}", src.display()))
         .map(|entry| entry.expect("readable directory entry").path())
-        .filter(|p| p.extension().map_or(false, |x| x == "c"))
+        .filter(|p| p.extension().is_some_and(|x| x == "c"))
         .collect();
     sources.sort();
     assert!(!sources.is_empty(), "no C sources in {}", src.display());

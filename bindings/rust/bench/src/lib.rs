@@ -90,7 +90,7 @@ fn cross_thread_drop(seed: u64) -> usize {
         .map(|t| {
             let tx = tx.clone();
             thread::spawn(move || {
-                let mut rng = Rng(seed ^ (t + 1) * 0x9e37_79b9);
+                let mut rng = Rng(seed ^ ((t + 1) * 0x9e37_79b9));
                 for _ in 0..25_000 {
                     let batch: Vec<Box<[u8]>> =
                         (0..16).map(|_| vec![1u8; rng.below(1000) + 8].into_boxed_slice()).collect();
@@ -113,7 +113,10 @@ fn vec_churn_t2(seed: u64) -> usize {
     hs.into_iter().map(|h| h.join().unwrap()).sum()
 }
 
-pub const WORKLOADS: &[(&str, fn(u64) -> usize)] = &[
+/// A workload: its name and the function running it once from a seed.
+pub type Workload = (&'static str, fn(u64) -> usize);
+
+pub const WORKLOADS: &[Workload] = &[
     ("vec_churn", vec_churn),
     ("string_churn", string_churn),
     ("hashmap_churn", hashmap_churn),
