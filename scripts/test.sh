@@ -36,4 +36,21 @@ fi
 # ---- end of the ThreadSanitizer block ----
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
+# ---- Rust crates (bindings/rust, issue 9): cargo test of both variants, then cargo package (no publishing) ----
+cargo_bin=$(command -v cargo || true)
+for c in "${HOME:-/root}/.cargo/bin/cargo" /root/.cargo/bin/cargo; do
+  [ -z "$cargo_bin" ] && [ -x "$c" ] && cargo_bin=$c
+done
+if [ -z "$cargo_bin" ] && [ "$(id -u)" = 0 ]; then
+  apt-get install -y -qq --no-install-recommends cargo >/dev/null && cargo_bin=$(command -v cargo || true)
+fi
+echo "== cargo test (bindings/rust)"
+if [ -z "$cargo_bin" ]; then
+  echo "cargo is missing: install Rust (rustup) or run as root to install Debian's cargo" >&2
+  status=1
+else
+  (cd bindings/rust && "$cargo_bin" test -q && "$cargo_bin" test -q --features mallard/secure \
+     && "$cargo_bin" package -q --workspace --allow-dirty) || status=1
+fi
+# ---- end of the Rust block ----
 exit $status
