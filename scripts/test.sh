@@ -44,6 +44,10 @@ done
 if [ -z "$cargo_bin" ] && [ "$(id -u)" = 0 ]; then
   apt-get install -y -qq --no-install-recommends cargo >/dev/null && cargo_bin=$(command -v cargo || true)
 fi
+# rustup's proxies look for their toolchains under $HOME: with another HOME (CI's fresh one), use root's.
+if [ -n "$cargo_bin" ] && ! "$cargo_bin" --version >/dev/null 2>&1 && [ -d /root/.rustup ]; then
+  export RUSTUP_HOME=/root/.rustup
+fi
 echo "== cargo test (bindings/rust)"
 if [ -z "$cargo_bin" ]; then
   echo "cargo is missing: install Rust (rustup) or run as root to install Debian's cargo" >&2
