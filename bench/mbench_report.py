@@ -435,8 +435,17 @@ def plots(raw: dict, summary: dict, out_dir: Path) -> list:
     return files
 
 
-def performance_doc(raw: dict, summary: dict, md: str, out_dir: Path) -> str:
-    """docs/PERFORMANCE.md: how the figures were made, then the full-mode tables, all generated."""
+KEEP_MARKER = "<!-- Sections below come from other benchmarks (see each); bench/run.py keeps them when it rewrites the page. -->"
+
+
+def kept_sections(old_doc: str) -> str:
+    """The part of the current page from KEEP_MARKER on (the Rust crate's table, ...), or nothing."""
+    i = old_doc.find(KEEP_MARKER)
+    return old_doc[i:] if i >= 0 else ""
+
+
+def performance_doc(raw: dict, summary: dict, md: str, out_dir: Path, kept: str = "") -> str:
+    """docs/PERFORMANCE.md: how the figures were made, then the full-mode tables, all generated; `kept` at the end."""
     body = md.split("\n", 1)[1]
     return "\n".join([
         "# Performance", "",
@@ -449,7 +458,7 @@ def performance_doc(raw: dict, summary: dict, md: str, out_dir: Path) -> str:
         "put glibc's malloc first. The Python reader runs with and without `PYTHONMALLOC=malloc`; the other "
         "Python workload uses `PYTHONMALLOC=malloc` so the allocator under test sees every object.",
         "", f"Raw data and plots of this run: `{_where(out_dir)}` "
-        "(results/ is not committed).", "", body])
+        "(results/ is not committed).", "", body.rstrip("\n"), "", kept or KEEP_MARKER, ""])
 
 
 def _where(p: Path) -> str:

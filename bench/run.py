@@ -407,7 +407,9 @@ def main(argv=None) -> int:
     plots = mbench_report.plots(raw, summary, out_dir) if a.plots else []
     if do_docs:
         (REPO / "docs").mkdir(exist_ok=True)
-        (REPO / "docs" / "PERFORMANCE.md").write_text(mbench_report.performance_doc(raw, summary, md, out_dir))
+        doc = REPO / "docs" / "PERFORMANCE.md"
+        doc.write_text(mbench_report.performance_doc(raw, summary, md, out_dir,
+                                                     kept=mbench_report.kept_sections(doc.read_text() if doc.exists() else "")))
     print(mbench_report.console_summary(raw, summary))
     print(f"bench: {len(cells)} cells x {len(allocs)} allocators x {repeats} repeats in {raw['elapsed_s']} s; "
           f"results in {out_dir} ({', '.join(p.name for p in plots) or 'no plots'})"
