@@ -257,6 +257,8 @@ void mld_arena_abandon(arena_t *a, page_t *pg) {
   abandoned_set_head(a, cls, pg);
   arena_unlock(a);
   MLD_RACE_WINDOW();   /* abandoned: adopters, reapers and remote frees may take it from here on */
+  /* Remote frees pushed between the owner's last collection and the abandonment asked for no reap: one is due. */
+  mld_arena_want_reap(a);
 }
 
 /* A remote free into a page whose owner exited (read before the block is published): ask for a reap, so that
@@ -264,6 +266,8 @@ void mld_arena_abandon(arena_t *a, page_t *pg) {
  * the purging thread (or the arena's next operation) reaps once the decay delay has passed since the request,
  * so that a burst of such frees costs one reap. Notifies only when the request is new. */
 void mld_arena_want_reap(arena_t *a) {
+  /* Our push, then this load; the reaper's clear, then its walk: one of the two sees the other (seq_cst). */
+  atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&a->reap_pending, memory_order_relaxed)) return;
   atomic_store_explicit(&a->reap_since, mld_now_ms(), memory_order_relaxed);
   if (!atomic_exchange_explicit(&a->reap_pending, 1, memory_order_acq_rel)) mld_dirty_notify();
@@ -272,6 +276,7 @@ void mld_arena_want_reap(arena_t *a) {
 /* Free abandoned pages whose blocks have all come back by remote frees (lock held). */
 void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
   atomic_store_explicit(&a->reap_pending, 0, memory_order_relaxed);   /* frees pushed after this ask again */
+  atomic_thread_fence(memory_order_seq_cst);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     page_t *pg = a->abandoned[c];
     while (pg) {

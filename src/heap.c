@@ -412,8 +412,9 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
     /* Counted first: once the block is published, the page may be collected, released and reused by others. */
     MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
     MLD_STAT_ADD(h, remote_frees, 1);
-    /* A page of an exited thread: ask for a reap (the arena outlives every page; the page is not touched). */
-    if (unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == NULL)) mld_arena_want_reap(segment_of(pg)->arena);
+    /* A page of an exited thread: its arena is asked for a reap after the push (arenas live for ever; the page
+     * itself is not touched again). Asked after, so that a reap already under way cannot miss this block. */
+    arena_t *reap = unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == NULL) ? segment_of(pg)->arena : NULL;
     /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
     block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
     do {
@@ -423,6 +424,7 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
       blk_set_next(pg, b, old);
     } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, b, memory_order_release, memory_order_relaxed));
     MLD_RACE_WINDOW();   /* the block is published: nothing of the page may be touched from here on */
+    if (unlikely(reap != NULL)) mld_arena_want_reap(reap);
     return;
   }
   if (pg->kind == PAGE_LARGE && p == pg->user) {
