@@ -31,7 +31,7 @@ mallard-secure, mallard-static, mallard-prefix), the CMake package and libmallar
 set(CPACK_DEBIAN_CLI_PACKAGE_NAME mallard)
 set(CPACK_DEBIAN_CLI_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_CLI_PACKAGE_DEPENDS
-    "libmallard${MALLARD_SOVERSION} (= ${mallard_deb_version}), python3 (>= 3.9), python3-rich")
+    "libmallard${MALLARD_SOVERSION} (= ${mallard_deb_version}), python3 (>= 3.9), python3-rich, python3-pyelftools")
 set(CPACK_DEBIAN_CLI_PACKAGE_RECOMMENDS "python3-matplotlib")
 set(CPACK_DEBIAN_CLI_PACKAGE_CONTROL_EXTRA ${mallard_pack_dir}/mallard/prerm)
 set(CPACK_DEBIAN_CLI_PACKAGE_CONTROL_STRICT_PERMISSION ON)

@@ -83,8 +83,24 @@ static void outf(out_t *o, const char *fmt, ...) {
   o->cb(o->opaque, buf);
 }
 
+/* A string as JSON string content: quotes, backslashes and control bytes escaped (out holds 6 bytes per byte). */
+static void json_escape(char *out, const char *s) {
+  static const char hex[] = "0123456789abcdef";
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') { *out++ = '\\'; *out++ = (char)c; }
+    else if (c < 0x20) { memcpy(out, "\\u00", 4); out[4] = hex[c >> 4]; out[5] = hex[c & 15]; out += 6; }
+    else *out++ = (char)c;
+  }
+  *out = 0;
+}
+
 static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
-  outf(o, "{\"mallard\":{\"version\":\"%s\",\n", MALLARD_VERSION);
+  char exe[512], esc[sizeof exe * 6 + 1];
+  ssize_t xl = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[xl > 0 ? xl : 0] = 0;
+  json_escape(esc, exe);
+  outf(o, "{\"mallard\":{\"version\":\"%s\",\"pid\":%d,\"exe\":\"%s\",\n", MALLARD_VERSION, (int)getpid(), esc);
   outf(o, "\"options\":{\"narenas\":%u,\"dirty_decay_ms\":%ld,\"background_thread\":%s,\"retain\":%s,\"thp\":%d,"
           "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", atomic_load(&mld_narenas), mld_opt.dirty_decay_ms,
        mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
