@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from mallard_cli.cli import workload_path
+from mallard_cli.commands.demo import workload_path
 
 
 def test_bench_real_workload_covers_every_allocator(mallard, allocators, tmp_path):
@@ -25,7 +25,7 @@ def test_bench_real_workload_covers_every_allocator(mallard, allocators, tmp_pat
     table_rows = [line for line in r.stdout.splitlines() if line.startswith("│")]
     for name in names:
         assert any(row.split("│")[1].strip().startswith(name) for row in table_rows), name
-    assert "Fastest:" in r.stdout and "leanest:" in r.stdout
+    assert "Fastest:" in r.stdout and "Leanest:" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
