@@ -197,11 +197,7 @@ def which(pid: int) -> WhichResult:
     except ProcessError:
         pass
     if not maps.strip():
-        if is_zombie(pid):
-            why = "the process has exited (a zombie waiting for its parent): it has no memory left to read"
-        else:
-            why = "the process has no readable mappings (a kernel thread)"
-        return WhichResult(pid, None, [], why, exe=exe, unreadable=True)
+        return WhichResult(pid, None, [], _why_no_mappings(pid), exe=exe, unreadable=True)
     files = _mapped_files(maps)
     traced = any(allocator_name(f) == "mallard-tracer" for f in files)
     order, exact = search_order(exe, files, preload)
@@ -245,6 +241,24 @@ def which(pid: int) -> WhichResult:
     if hint:
         why += f"; the executable mentions {hint}"
     return WhichResult(pid, None, [], why, traced, exe, preload)
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """PF_KTHREAD in the flags of /proc/PID/stat (field 9)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        return bool(int(fields[6]) & 0x00200000)
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _why_no_mappings(pid: int) -> str:
+    if is_kernel_thread(pid):
+        return f"process {pid} is a kernel thread: it has no user memory or allocator"
+    if is_zombie(pid):
+        return f"process {pid} has exited (a zombie waiting for its parent): no memory left to read"
+    return f"process {pid} is exiting: its memory is already gone"
 
 
 def is_zombie(pid: int) -> bool:
@@ -484,9 +498,7 @@ def vmem(pid: int) -> VmemReport:
         exe = ""
     maps = parse_smaps(smaps)
     if not maps:
-        if is_zombie(pid):
-            raise ProcessError(f"process {pid} has exited (a zombie waiting for its parent): no readable mappings left")
-        raise ProcessError(f"process {pid} has no readable mappings (a kernel thread)")
+        raise ProcessError(_why_no_mappings(pid))
     try:
         w = which(pid)
     except ProcessError:

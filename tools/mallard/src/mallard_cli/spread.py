@@ -5,12 +5,17 @@ import statistics
 from dataclasses import dataclass
 
 
+# Differences smaller than this share of the median are not worth a verdict even when the runs separate (e.g. the
+# fraction of a millisecond it takes to load one more library).
+MEANINGFUL = 0.01
+
+
 @dataclass
 class Comparison:
     ratio: float  # median(a) / median(b)
     low: float  # min(a) / max(b): the smallest ratio the runs allow
     high: float  # max(a) / min(b): the largest
-    beyond_noise: bool  # the ranges [min, max] of a and b do not overlap
+    beyond_noise: bool  # the ranges [min, max] of a and b do not overlap, and the medians differ by MEANINGFUL or more
 
 
 def compare(a: list[float], b: list[float]) -> Comparison:
@@ -19,7 +24,8 @@ def compare(a: list[float], b: list[float]) -> Comparison:
     ratio = ma / mb if mb else float("inf")
     low = min(a) / max(b) if max(b) else float("inf")
     high = max(a) / min(b) if min(b) else float("inf")
-    return Comparison(ratio, low, high, max(a) < min(b) or min(a) > max(b))
+    separated = max(a) < min(b) or min(a) > max(b)
+    return Comparison(ratio, low, high, separated and abs(ratio - 1) >= MEANINGFUL)
 
 
 def spread(vals: list[float]) -> float:
@@ -40,10 +46,10 @@ def clear_winner(candidates: list[tuple[str, list[float]]], higher_is_better: bo
     for name, vals in candidates:
         if name == best_name:
             continue
-        separated = min(vals) > max(best) if not higher_is_better else max(vals) < min(best)
-        if not separated:
+        if not compare(vals, best).beyond_noise:
             tied.append(name)
     if tied:
-        return None, f"{best_name}'s runs overlap with those of {', '.join(tied)}"
+        return None, (f"{best_name}'s runs overlap with those of {', '.join(tied)}, or differ by less than "
+                      f"{MEANINGFUL:.0%}")
     return best_name, "its slowest run beats every other allocator's best" if not higher_is_better else \
         "its worst run beats every other allocator's best"

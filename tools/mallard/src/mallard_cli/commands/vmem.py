@@ -102,6 +102,10 @@ def of_command(args) -> int:
         try:
             rep = pi.vmem(proc.pid)
         except pi.ProcessError as e:
+            try:
+                proc.wait(1)  # an exiting process loses its memory just before it becomes a zombie
+            except subprocess.TimeoutExpired:
+                pass
             if proc.poll() is not None or pi.is_zombie(proc.pid):
                 raise gone() from None
             raise CliError(str(e), EXIT_PROGRAM_FAILED) from None

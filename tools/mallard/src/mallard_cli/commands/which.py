@@ -23,7 +23,7 @@ def run(args) -> int:
     except pi.ProcessError as e:
         raise CliError(str(e), EXIT_BAD_PID) from None
     if w.allocator is None and not w.libraries and w.unreadable:
-        raise CliError(f"PID {pid}: {w.reason}", EXIT_BAD_PID)
+        raise CliError(w.reason, EXIT_BAD_PID)
     if args.json:
         print(json.dumps(w.__dict__, indent=2))
         return EXIT_OK
