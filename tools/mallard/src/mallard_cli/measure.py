@@ -27,9 +27,14 @@ def helper_path() -> str | None:
     Without it the command is the CLI's direct child, and Linux keeps in its ru_maxrss the high-water mark of the
     Python process it was forked from (tens of MiB), so small peaks would be hidden.
     """
-    from .allocators import build_dir, mallard_lib_dirs
+    from .allocators import build_dir, in_source_tree, mallard_lib_dirs
 
-    cands = [build_dir() / "bin" / "mallard-measure"] + [d.parent / "bin" / "mallard-measure" for d in mallard_lib_dirs()]
+    cands = [build_dir() / "bin" / "mallard-measure"] if (os.environ.get("MALLARD_BUILD_DIR") or in_source_tree()) else []
+    for d in mallard_lib_dirs():  # <prefix>/lib[/<multiarch>] -> <prefix>/bin, <prefix>/libexec/mallard, <libdir>/mallard
+        prefixes = [d.parent, d.parent.parent] if d.parent.name in ("lib", "lib64") else [d.parent]
+        cands += [d / "mallard" / "mallard-measure"]
+        for p in prefixes:
+            cands += [p / "bin" / "mallard-measure", p / "libexec" / "mallard" / "mallard-measure"]
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)

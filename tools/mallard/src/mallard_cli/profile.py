@@ -44,8 +44,9 @@ def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None,
     """Runs cmd with the tracer preloaded; raises TracerMissing if it is not built, OSError if cmd cannot start."""
     tracer = tracer_path()
     if tracer is None:
-        raise TracerMissing("the tracer library libmallard-tracer.so is not built: build the target `mallard-tracer` "
-                            "(cmake --build build --target mallard-tracer) or set MALLARD_BUILD_DIR")
+        raise TracerMissing("the tracer library libmallard-tracer.so is not built or installed: build the target "
+                            "`mallard-tracer` (cmake --build build --target mallard-tracer), or point MALLARD_LIBDIR "
+                            "(or MALLARD_BUILD_DIR) at it")
     trace_dir = tempfile.mkdtemp(prefix="mallard-profile-")
     try:
         env = tracer_env(str(tracer), alloc, trace_dir, conf=conf)
