@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-NASTY = ["$h{\"k$i\"}$", "[/]", "[bold]x[/bold]", "%s%d%%", "\\", "a$b$c", "[red"]
+NASTY = ["$h{\"k$i\"}++ for 1..10", "a $x^^$ b", "[/]", "[bold]x[/bold]", "%s%d%%", "\\", "a$b$c", "[red"]
 
 
 def run(mallard, *args, timeout=300):
