@@ -40,7 +40,8 @@ def tracer_env(tracer: str, alloc: Allocator | None, trace_dir: str, base_env: d
     return env
 
 
-def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None, capture: bool = False) -> ProfileRun:
+def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None, capture: bool = False,
+               base_env: dict | None = None) -> ProfileRun:
     """Runs cmd with the tracer preloaded; raises TracerMissing if it is not built, OSError if cmd cannot start."""
     tracer = tracer_path()
     if tracer is None:
@@ -49,7 +50,7 @@ def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None,
                             "(or MALLARD_BUILD_DIR) at it")
     trace_dir = tempfile.mkdtemp(prefix="mallard-profile-")
     try:
-        env = tracer_env(str(tracer), alloc, trace_dir, conf=conf)
+        env = tracer_env(str(tracer), alloc, trace_dir, base_env, conf=conf)
         t0 = time.perf_counter()
         out = subprocess.PIPE if capture else None
         proc = subprocess.run(cmd, env=env, stdout=out, stderr=out)

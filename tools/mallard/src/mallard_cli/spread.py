@@ -51,5 +51,4 @@ def clear_winner(candidates: list[tuple[str, list[float]]], higher_is_better: bo
     if tied:
         return None, (f"{best_name}'s runs overlap with those of {', '.join(tied)}, or differ by less than "
                       f"{MEANINGFUL:.0%}")
-    return best_name, "its slowest run beats every other allocator's best" if not higher_is_better else \
-        "its worst run beats every other allocator's best"
+    return best_name, "every one of its runs beats every run of the others"

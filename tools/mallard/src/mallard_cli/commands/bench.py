@@ -75,7 +75,8 @@ def _ratio(vals: list[float], base: list[float]) -> str:
 
 
 def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_path, json_path, timeout, conf,
-                     title: str, stdin_path: str | None = None, verdict_intro: str | None = None) -> int:
+                     title: str, stdin_path: str | None = None, base_env: dict | None = None) -> int:
+    """Runs the comparison and prints it; returns the exit code (results in the attribute last_verdict)."""
     for p in (plot_path, json_path):
         if p:
             try:
@@ -85,7 +86,8 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
     try:
         with progress() as prog:
             task = prog.add_task("bench", total=(n + warmup) * len(chosen))
-            results = bn.run_bench(cmd, chosen, n, warmup, metric, timeout, conf, prog, task, stdin_path=stdin_path)
+            results = bn.run_bench(cmd, chosen, n, warmup, metric, timeout, conf, prog, task, base_env=base_env,
+                                   stdin_path=stdin_path)
     except OSError as e:
         raise start_error(cmd, e) from None
     base = bn.baseline(results)
@@ -142,6 +144,7 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
             else:
                 out.print(f"Leanest: no measurable difference in peak RSS ({shown(why_l)})")
         verdict = {"fastest": fast, "fastest_why": why_f, "leanest": lean, "leanest_why": why_l}
+    bench_and_report.last_verdict = verdict
     if json_path:
         data = bn.to_json([printable(c) for c in cmd], results, n, warmup, metric.pattern if metric else None)
         data["verdict"] = verdict
