@@ -55,8 +55,10 @@ def silent(cmd: str) -> bool:
     return cmd.rstrip().endswith("&") or cmd.startswith("sleep ")
 
 
-def run_block(block: Block, cwd: Path, env: dict, python: str = sys.executable, timeout: float = 900) -> list[Example]:
-    """Runs the block's commands in one bash session (so `$!` works); returns them with their real output."""
+def run_block(block: Block, cwd: Path, env: dict, python: str = sys.executable, timeout: float = 900,
+              tmp: Path | None = None) -> list[Example]:
+    """Runs the block's commands in one bash session (so `$!` works); returns them with their real output. With tmp,
+    the files the examples write under /tmp/ go to that folder instead."""
     import tempfile
 
     # `mallard` is an executable that execs the command (not a shell function): `mallard run ... &` keeps one PID.
@@ -68,10 +70,11 @@ def run_block(block: Block, cwd: Path, env: dict, python: str = sys.executable, 
     script = ["set +e"]
     for k, ex in enumerate(block.examples):
         script.append(f"echo '{MARK} {k}'")
-        if silent(ex.command):
-            script.append(ex.command)
+        command = ex.command.replace("/tmp/", f"{tmp}/") if tmp else ex.command
+        if silent(command):
+            script.append(command)
         else:
-            script.append(f"{{ {ex.command}\n}} 2>&1; echo \"{MARK} rc $?\"")
+            script.append(f"{{ {command}\n}} 2>&1; echo \"{MARK} rc $?\"")
     script.append("kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; true")
     try:
         r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, capture_output=True, text=True,

@@ -53,10 +53,13 @@ ALIASES = {"system": "glibc", "default": "glibc", "libc": "glibc", "ptmalloc": "
 class UnknownAllocator(ValueError):
     """An allocator name or path that is not available here; the message lists the known names."""
 
-    def __init__(self, name: str, known: list[str], reason: str = "unknown allocator"):
+    def __init__(self, name: str, known: list[str], reason: str = "unknown allocator", problem: str | None = None):
         self.name = name
         self.known = known
-        super().__init__(f"{reason} '{name}'; known allocators: {', '.join(known)} (or a path to a .so file)")
+        if problem:  # a file that exists but cannot serve as an allocator
+            super().__init__(f"'{name}' is not an allocator: {problem}")
+        else:
+            super().__init__(f"{reason} '{name}'; known allocators: {', '.join(known)} (or a path to a .so file)")
 
 
 @dataclass
@@ -311,7 +314,7 @@ def resolve(name_or_path: str, allocs: list[Allocator] | None = None) -> Allocat
             raise UnknownAllocator(name_or_path, known, reason="no such allocator library")
         problem = not_an_allocator(str(p))
         if problem:
-            raise UnknownAllocator(name_or_path, known, reason=f"{problem}:")
+            raise UnknownAllocator(name_or_path, known, problem=problem)
         real = os.path.realpath(p)
         for a in allocs:
             if a.path and os.path.realpath(a.path) == real:

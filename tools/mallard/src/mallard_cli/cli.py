@@ -15,7 +15,8 @@ class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (and the usual exit code 2), never a usage block."""
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
-        fail(f"{self.prog}: {message} (see {self.prog} --help)", EXIT_USAGE)
+        sub = self.prog[len("mallard"):].strip()
+        fail(f"{sub + ': ' if sub else ''}{message} (see {self.prog} --help)", EXIT_USAGE)
         sys.exit(EXIT_USAGE)
 
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     mod = mods[args.sub]
     if mod.NEEDS_COMMAND and not command:
-        return fail(f"mallard {args.sub}: no command after -- (usage: mallard {args.sub} [options] -- CMD [ARGS...])",
+        return fail(f"{args.sub}: no command after -- (usage: mallard {args.sub} [options] -- CMD [ARGS...])",
                     EXIT_USAGE)
     try:
         return mod.run(args)
