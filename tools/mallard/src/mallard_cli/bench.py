@@ -87,19 +87,6 @@ def baseline(results: list[AllocRuns]) -> AllocRuns | None:
     return ok[0] if ok else None
 
 
-def choices(results: list[AllocRuns], use_metric: bool, higher_is_better: bool) -> tuple[AllocRuns | None, AllocRuns | None]:
-    ok = [r for r in results if r.failure is None and r.runs]
-    if not ok:
-        return None, None
-    if use_metric:
-        key = lambda r: statistics.median(r.metrics)  # noqa: E731
-        fastest = max(ok, key=key) if higher_is_better else min(ok, key=key)
-    else:
-        fastest = min(ok, key=lambda r: r.med("wall_s"))
-    leanest = min(ok, key=lambda r: r.med("max_rss_kib"))
-    return fastest, leanest
-
-
 def to_json(cmd: list[str], results: list[AllocRuns], n: int, warmup: int, metric: str | None) -> dict:
     return {
         "command": cmd,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import stat
 import sys
@@ -36,6 +37,13 @@ def replay_source(path: str | None) -> Iterator[str | None]:
     if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
         yield None  # a terminal or /dev/null
         return
+    if not stat.S_ISREG(mode):
+        ready, _, _ = select.select([fd], [], [], 2.0)
+        if not ready:  # e.g. `ssh host mallard bench ...`: an open pipe nobody writes to
+            from .common import err
+
+            err.print("mallard: reading the standard input to replay it to every run (it is a pipe); give the "
+                      "input with --stdin FILE, or --stdin /dev/null for none", markup=False, soft_wrap=True)
     tmp = tempfile.NamedTemporaryFile(prefix="mallard-stdin-", delete=False)
     try:
         with tmp:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 
-from .. import allocators as al
 from ..common import EXIT_OK, alloc_opt, check_conf, default_allocator, get_allocator, parse_conf
 
 NAME = "env"
