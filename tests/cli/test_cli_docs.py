@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import BUILD
 from doc_examples import DOC, environment, parse, run_block, silent
 
 BLOCKS = parse(DOC.read_text())
@@ -43,11 +42,11 @@ def test_every_documented_command_has_output(tmp_path):
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=lambda i: BLOCKS[i].examples[0].command[:40])
-def test_documented_examples_still_hold(index, tmp_path):
+def test_documented_examples_still_hold(index, tmp_path, build):
     block = BLOCKS[index]
-    (tmp_path / "build").symlink_to(BUILD)  # the examples name build/... relative to the repository root
+    (tmp_path / "build").symlink_to(build)  # the examples name build/... relative to the repository root
     (tmp_path / "tests").symlink_to(DOC.parent.parent / "tests")
-    got = run_block(block, tmp_path, environment(BUILD), tmp=tmp_path)
+    got = run_block(block, tmp_path, environment(build), tmp=tmp_path)
     for doc, real in zip(block.examples, got):
         if silent(doc.command):
             continue

@@ -7,13 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import BUILD, SRC
+
+SRC = Path(__file__).resolve().parents[2] / "tools" / "mallard" / "src"
 
 
 @pytest.fixture
-def installed(tmp_path):
+def installed(tmp_path, build):
     """A copy of the command outside any checkout and a fake install prefix holding the runtime libraries."""
     site = tmp_path / "site"
     shutil.copytree(SRC / "mallard_cli", site / "mallard_cli", ignore=shutil.ignore_patterns("__pycache__"))
@@ -21,9 +23,9 @@ def installed(tmp_path):
     libdir = prefix / "lib" / "x86_64-linux-gnu"
     libdir.mkdir(parents=True)
     # A runtime package ships the soname only (libmallard.so.0); the tracer sits in a subfolder of the libdir.
-    shutil.copy(BUILD / "lib" / "libmallard.so", libdir / "libmallard.so.0")
+    shutil.copy(build / "lib" / "libmallard.so", libdir / "libmallard.so.0")
     (libdir / "mallard").mkdir()
-    shutil.copy(BUILD / "lib" / "libmallard-tracer.so", libdir / "mallard" / "libmallard-tracer.so")
+    shutil.copy(build / "lib" / "libmallard-tracer.so", libdir / "mallard" / "libmallard-tracer.so")
     env = {k: v for k, v in os.environ.items() if k not in ("MALLARD_BUILD_DIR", "MALLARD_LIBDIR", "LD_PRELOAD",
                                                              "PKG_CONFIG_PATH")}
     env["PYTHONPATH"] = str(site)
@@ -35,10 +37,10 @@ def installed(tmp_path):
         return subprocess.run([sys.executable, "-m", "mallard_cli", *args], env=e, capture_output=True, text=True,
                               timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
 
-    return run, prefix, libdir, tmp_path
+    return run, prefix, libdir, tmp_path, build
 
 
-def check_finds_prefix(run, libdir, extra):
+def check_finds_prefix(run, libdir, extra, build):
     r = run("list", "--json", extra=extra)
     assert r.returncode == 0, r.stderr
     found = {a["name"]: a["path"] for a in json.loads(r.stdout)["allocators"]}
@@ -46,7 +48,7 @@ def check_finds_prefix(run, libdir, extra):
     r = run("env", "-a", "mallard", extra=extra)
     assert r.returncode == 0, r.stderr
     assert str(libdir / "libmallard.so.0") in r.stdout
-    assert str(BUILD) not in r.stdout and "/build/" not in r.stdout, r.stdout
+    assert str(build) not in r.stdout and "/build/" not in r.stdout, r.stdout
     for line in ("export LD_PRELOAD=", "ENV LD_PRELOAD=", "Environment=LD_PRELOAD="):
         assert any(l.startswith(line) and str(libdir) in l for l in r.stdout.splitlines()), (line, r.stdout)
     r = run("run", "-a", "mallard", "--", "sh", "-c", 'echo "P=$LD_PRELOAD"', extra=extra)
@@ -56,22 +58,22 @@ def check_finds_prefix(run, libdir, extra):
 
 
 def test_found_through_mallard_libdir(installed):
-    run, prefix, libdir, _ = installed
-    check_finds_prefix(run, libdir, {"MALLARD_LIBDIR": str(libdir)})
+    run, prefix, libdir, _, build = installed
+    check_finds_prefix(run, libdir, {"MALLARD_LIBDIR": str(libdir)}, build)
 
 
 def test_found_through_pkg_config(installed):
-    run, prefix, libdir, tmp = installed
+    run, prefix, libdir, tmp, build = installed
     pc = tmp / "pc"
     pc.mkdir()
     (pc / "mallard.pc").write_text(f"prefix={prefix}\nlibdir=${{prefix}}/lib/x86_64-linux-gnu\n"
                                    "includedir=${prefix}/include\n\nName: mallard\nDescription: test\nVersion: 0.1.0\n"
                                    "Libs: -L${libdir} -lmallard\nCflags: -I${includedir}\n")
-    check_finds_prefix(run, libdir, {"PKG_CONFIG_PATH": str(pc)})
+    check_finds_prefix(run, libdir, {"PKG_CONFIG_PATH": str(pc)}, build)
 
 
 def test_nothing_installed_says_how_to_point_at_it(installed):
-    run, prefix, libdir, tmp = installed
+    run, prefix, libdir, tmp, _ = installed
     r = run("list", extra={"MALLARD_LIBDIR": str(tmp / "empty")})
     assert r.returncode == 0
     assert "mallard: not found" in r.stdout and "MALLARD_LIBDIR" in r.stdout

@@ -81,8 +81,8 @@ def run(args) -> int:
                   "machine: measure yours with `mallard bench -- CMD` before switching.")
     else:
         out.print("  No allocator is measurably faster here: the differences are within the spread of the runs "
-                  "(see the ranges in the table). The reader spends its time decoding lines and holding the GIL, not "
-                  "in malloc.")
+                  "(see the ranges in the table), so this run cannot name a winner; more rounds (-n) narrow the "
+                  "ranges.")
     if v.get("leanest"):
         out.print(f"  Peak memory does differ beyond noise: {shown(v['leanest'])} used the least.")
     out.print("  An allocator pays off when a program makes millions of malloc calls per second from several threads; "
