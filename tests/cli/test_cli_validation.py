@@ -63,3 +63,12 @@ def test_usage_errors_are_one_line(mallard, args):
     r = mallard(*args)
     assert r.returncode == 2, r.stderr
     assert re.match(r"^mallard", one_line(r))
+
+
+def test_vmem_units_and_thread_count(mallard):
+    # One unit system (binary bytes) in the whole report, and "1 thread" in the singular.
+    r = mallard("vmem", "--ready", "^ready", "--", "sh", "-c", "echo ready; sleep 5")
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.splitlines()[:2]
+    assert "1 thread," in head[0], head
+    assert " kB" not in r.stdout and re.search(r"VIRT [\d.]+ (KiB|MiB|GiB)", head[1]), head
