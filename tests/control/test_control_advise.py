@@ -75,6 +75,35 @@ def test_following_the_advice_removes_it(build_dir, tmp_path, workload):
     assert title not in again.stdout, f"with {applied}: {again.stdout}"
 
 
+def test_real_program_advice_converges(build_dir, tmp_path):
+    # The Python dict/JSON workload with every object from malloc: whatever it is advised, applying it once must
+    # leave no further advice of that kind (it used to ask for ever larger pages, round after round).
+    script = REPO / "bench" / "workloads" / "pydict_json.py"
+    assert script.is_file(), script
+    env0 = {k: v for k, v in os.environ.items() if k not in ("MALLARD_CONF", "LD_PRELOAD")}
+    env0.update(PYTHONMALLOC="malloc", LD_PRELOAD=str(build_dir / "lib" / "libmallard.so"))
+
+    def run(conf):
+        f = tmp_path / f"py{len(conf)}.json"
+        env = dict(env0, MALLARD_CONF="stats_print:true,stats_print_opts:J" + (f",{conf}" if conf else ""))
+        r = subprocess.run([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        f.write_text(r.stderr)
+        out = advise(f)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    first = run("")
+    lines = [l.split("MALLARD_CONF=", 1)[1].strip() for l in first.splitlines() if "try: MALLARD_CONF=" in l]
+    if not lines:
+        assert "Nothing to change" in first, first
+        return
+    again = run(lines[0])
+    title = next(l for l in first.splitlines() if l.startswith("1. "))[3:]
+    assert title not in again, f"with {lines[0]}: {again}"
+
+
 def test_advice_never_contradicts_itself(build_dir, tmp_path):
     # A dump that triggers both page churn (bigger page cache) and tiny-working-set (no page cache): only the first
     # survives, and every option appears once in the combined line.
