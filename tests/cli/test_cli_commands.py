@@ -32,14 +32,28 @@ def test_list_shows_glibc_first_then_every_allocator(mallard, allocators, build)
             assert a.path in text.stdout
 
 
-@pytest.mark.parametrize("name", ["jemalloc", "mallard"])
-def test_run_preloads_keeps_existing_preload_and_passes_conf(mallard, allocators, need, name):
+@pytest.mark.parametrize("name,conf,var", [("mallard", "purge_delay_ms:100", "MALLARD_CONF"),
+                                           ("jemalloc", "narenas:2,dirty_decay_ms:100", "MALLOC_CONF")])
+def test_run_preloads_keeps_existing_preload_and_passes_conf(mallard, allocators, need, name, conf, var):
     a = need(allocators, name)
-    r = mallard("run", "-a", name, "--conf", "purge_delay_ms:100", "--", "sh", "-c",
-                'echo "P=$LD_PRELOAD"; echo "C=$MALLARD_CONF"; exit 7', env={"LD_PRELOAD": "libkeep.so"})
-    assert r.returncode == 7
+    r = mallard("run", "-a", name, "--conf", conf, "--", "sh", "-c",
+                f'echo "P=$LD_PRELOAD"; echo "C=${var}"; echo "M=$MALLARD_CONF"; exit 7', env={"LD_PRELOAD": "libkeep.so"})
+    assert r.returncode == 7, r.stderr
     assert f"P={a.path}:libkeep.so" in r.stdout
-    assert "C=purge_delay_ms:100" in r.stdout
+    assert f"C={conf}" in r.stdout
+    if var != "MALLARD_CONF":
+        assert "M=\n" in r.stdout  # nothing the allocator would ignore
+
+
+@pytest.mark.parametrize("name,conf", [("jemalloc", "purge_delay_ms:100"), ("mimalloc", "narenas:2"),
+                                       ("glibc", "narenas:2")])
+@pytest.mark.parametrize("sub", ["run", "env", "vmem", "profile"])
+def test_conf_an_allocator_would_ignore_is_refused(mallard, allocators, need, name, conf, sub):
+    if name != "glibc":
+        need(allocators, name)
+    r = mallard(sub, "-a", name, "--conf", conf, *(["--", "true"] if sub != "env" else []))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "--conf" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_run_really_switches_the_allocator(mallard, allocators, need, prog):

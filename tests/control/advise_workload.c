@@ -1,6 +1,7 @@
 /* advise_workload.c — workloads built to trigger each tuning advice; each ends by writing a JSON statistics dump. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,8 +51,44 @@ static void healthy(void) {
     for (int i = 0; i < 2000; i++) { mallard_free(ps[i]); ps[i] = mallard_malloc((size_t)(16 + ((i + r) % 64) * 16)); }
 }
 
+/* Ordinary programs that need no tuning. Allocate three million small blocks, then free them all. */
+static void allocfree(void) {
+  enum { N = 3000000 };
+  void **ps = mallard_malloc(N * sizeof *ps);
+  for (int i = 0; i < N; i++) ps[i] = mallard_malloc((size_t)(16 + (i % 4) * 16));
+  for (int i = 0; i < N; i++) mallard_free(ps[i]);
+  mallard_free(ps);
+}
+
+/* A steady state: 100000 live blocks of mixed sizes, replaced one by one. */
+static void steady(void) {
+  enum { N = 100000 };
+  void **ps = mallard_malloc(N * sizeof *ps);
+  unsigned x = 1;
+  for (int i = 0; i < N; i++) ps[i] = mallard_malloc((size_t)(8 + i % 500));
+  for (int r = 0; r < 2000000; r++) {
+    x = x * 1103515245u + 12345u;
+    unsigned i = (x >> 8) % N;
+    mallard_free(ps[i]);
+    ps[i] = mallard_malloc((size_t)(8 + (x >> 4) % 500));
+  }
+  for (int i = 0; i < N; i++) mallard_free(ps[i]);
+  mallard_free(ps);
+}
+
+/* A thread pool: four workers, each handling requests that allocate a few buffers and free them. */
+static void *worker(void *arg) {
+  unsigned x = (unsigned)(uintptr_t)arg;
+  for (int req = 0; req < 100000; req++) {
+    void *b[8];
+    for (int i = 0; i < 8; i++) { x = x * 1103515245u + 12345u; b[i] = mallard_malloc((size_t)(32 + (x >> 8) % 4000)); }
+    for (int i = 0; i < 8; i++) mallard_free(b[i]);
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 3) { fprintf(stderr, "usage: advise_workload contention|refills|dirty|metadata|healthy OUT.json\n"); return 2; }
+  if (argc != 3) { fprintf(stderr, "usage: advise_workload contention|refills|dirty|metadata|healthy|allocfree|steady|threadpool OUT.json\n"); return 2; }
   const char *w = argv[1];
   if (!strcmp(w, "contention")) {
     pthread_t t[8];
@@ -70,6 +107,14 @@ int main(int argc, char **argv) {
     }
   } else if (!strcmp(w, "healthy")) {
     healthy();
+  } else if (!strcmp(w, "allocfree")) {
+    allocfree();
+  } else if (!strcmp(w, "steady")) {
+    steady();
+  } else if (!strcmp(w, "threadpool")) {
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
   } else {
     fprintf(stderr, "unknown workload %s\n", w);
     return 2;

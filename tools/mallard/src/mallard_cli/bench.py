@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 
 from .allocators import Allocator, preload_env
-from .measure import RunResult, run_measured
+from .measure import RunResult, exit_text, run_measured
 
 
 @dataclass
@@ -43,13 +43,14 @@ def extract_metric(regex: re.Pattern, r: RunResult) -> float | None:
 
 def run_bench(cmd: list[str], allocs: list[Allocator], n: int, warmup: int, metric: re.Pattern | None = None,
               timeout: float | None = None, conf: str | None = None, progress=None, task=None,
-              base_env: dict | None = None) -> list[AllocRuns]:
+              base_env: dict | None = None, stdin_path: str | None = None) -> list[AllocRuns]:
     """Rounds of A B C ... (warm-up rounds first, not recorded). An allocator whose run fails is dropped from later rounds.
+    Every run reads stdin_path from its start (or /dev/null); MALLARD_CONF (conf) reaches Mallard's variants only.
 
     Raises OSError when the command cannot start at all.
     """
     results = [AllocRuns(a) for a in allocs]
-    envs = [preload_env(a, base_env, conf) for a in allocs]
+    envs = [preload_env(a, base_env, conf if a.name.startswith("mallard") else None) for a in allocs]
     for rnd in range(warmup + n):
         for res, env in zip(results, envs):
             if res.failure is None:
@@ -57,14 +58,13 @@ def run_bench(cmd: list[str], allocs: list[Allocator], n: int, warmup: int, metr
                 if progress is not None:
                     progress.update(task, description=label)
                 try:
-                    r = run_measured(cmd, env, timeout=timeout)
+                    r = run_measured(cmd, env, timeout=timeout, stdin_path=stdin_path)
                 except subprocess.TimeoutExpired:
                     res.failure = f"timed out after {timeout:g} s"
                     r = None
                 if r is not None and r.returncode != 0:
                     tail = (r.stderr.strip().splitlines() or [""])[-1][:200]
-                    how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
-                    res.failure = how + (f": {tail}" if tail else "")
+                    res.failure = exit_text(r.returncode) + (f": {tail}" if tail else "")
                 elif r is not None and rnd >= warmup:
                     if metric is not None:
                         v = extract_metric(metric, r)
@@ -85,19 +85,6 @@ def baseline(results: list[AllocRuns]) -> AllocRuns | None:
         if r.alloc.name == "glibc":
             return r
     return ok[0] if ok else None
-
-
-def choices(results: list[AllocRuns], use_metric: bool, higher_is_better: bool) -> tuple[AllocRuns | None, AllocRuns | None]:
-    ok = [r for r in results if r.failure is None and r.runs]
-    if not ok:
-        return None, None
-    if use_metric:
-        key = lambda r: statistics.median(r.metrics)  # noqa: E731
-        fastest = max(ok, key=key) if higher_is_better else min(ok, key=key)
-    else:
-        fastest = min(ok, key=lambda r: r.med("wall_s"))
-    leanest = min(ok, key=lambda r: r.med("max_rss_kib"))
-    return fastest, leanest
 
 
 def to_json(cmd: list[str], results: list[AllocRuns], n: int, warmup: int, metric: str | None) -> dict:
@@ -143,10 +130,11 @@ def plot(results: list[AllocRuns], path: str, title: str, metric_name: str | Non
         x = range(len(ok))
         ax.bar(x, meds, yerr=[lo, hi], capsize=4, color=[colors[i % len(colors)] for i in x], alpha=0.85)
         ax.set_xticks(list(x))
-        ax.set_xticklabels(names, rotation=30, ha="right")
-        ax.set_title(label)
+        # Names, labels and the title are the user's strings: never parsed as mathtext ($...$).
+        ax.set_xticklabels(names, rotation=30, ha="right", parse_math=False)
+        ax.set_title(label, parse_math=False)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=10, parse_math=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

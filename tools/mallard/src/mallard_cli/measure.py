@@ -27,9 +27,14 @@ def helper_path() -> str | None:
     Without it the command is the CLI's direct child, and Linux keeps in its ru_maxrss the high-water mark of the
     Python process it was forked from (tens of MiB), so small peaks would be hidden.
     """
-    from .allocators import build_dir, mallard_lib_dirs
+    from .allocators import build_dir, in_source_tree, mallard_lib_dirs
 
-    cands = [build_dir() / "bin" / "mallard-measure"] + [d.parent / "bin" / "mallard-measure" for d in mallard_lib_dirs()]
+    cands = [build_dir() / "bin" / "mallard-measure"] if (os.environ.get("MALLARD_BUILD_DIR") or in_source_tree()) else []
+    for d in mallard_lib_dirs():  # <prefix>/lib[/<multiarch>] -> <prefix>/bin, <prefix>/libexec/mallard, <libdir>/mallard
+        prefixes = [d.parent, d.parent.parent] if d.parent.name in ("lib", "lib64") else [d.parent]
+        cands += [d / "mallard" / "mallard-measure"]
+        for p in prefixes:
+            cands += [p / "bin" / "mallard-measure", p / "libexec" / "mallard" / "mallard-measure"]
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
@@ -41,12 +46,24 @@ def _drain(stream, sink: list) -> None:
     stream.close()
 
 
+def exit_text(rc: int) -> str:
+    """How a program ended, in words: 'exit status 3' or 'killed by signal 9 (SIGKILL)'."""
+    if rc >= 0:
+        return f"exit status {rc}"
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = "unknown signal"
+    return f"killed by signal {-rc} ({name})"
+
+
 def run_measured(cmd: list[str], env: dict, timeout: float | None = None, cwd: str | None = None,
-                 capture: bool = True) -> RunResult:
+                 capture: bool = True, stdin_path: str | None = None) -> RunResult:
     """Run cmd to completion and measure it; raises OSError if it cannot start, subprocess.TimeoutExpired on timeout.
 
     CPU times and peak RSS come from wait4() on the child, which includes every descendant it waited for.
-    The child gets its own process group so that a timeout kills the whole tree.
+    The child gets its own process group so that a timeout kills the whole tree. Its standard input is stdin_path
+    (read from the start on every run) or /dev/null.
     """
     pipe = subprocess.PIPE if capture else None
     helper = helper_path()
@@ -59,15 +76,19 @@ def run_measured(cmd: list[str], env: dict, timeout: float | None = None, cwd: s
         run_env = dict(env)
         # The helper runs without the allocator; it hands LD_PRELOAD to the command.
         run_env["MALLARD_MEASURE_LD_PRELOAD"] = run_env.pop("LD_PRELOAD", "")
+    stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(argv, env=run_env, cwd=cwd, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, env=run_env, cwd=cwd, stdout=pipe, stderr=pipe, stdin=stdin,
                                 start_new_session=True, pass_fds=(report_w,) if helper else ())
     except BaseException:
         if helper:
             os.close(report_r)
             os.close(report_w)
         raise
+    finally:
+        if stdin_path:
+            stdin.close()
     if helper:
         os.close(report_w)
     outs: list = []

@@ -62,11 +62,12 @@ def check_pid(pid_text: str) -> int:
 class WhichResult:
     pid: int
     allocator: str | None  # None: cannot tell
-    libraries: list[str]  # allocator libraries mapped, in load order
+    libraries: list[str]  # allocator libraries mapped, in the loader's search order
     reason: str  # how it was decided, or why it cannot tell
     traced: bool = False  # the mallard tracer is interposed in front of the allocator
     exe: str = ""
     ld_preload: str | None = None
+    unreadable: bool = False  # no mappings could be read (a kernel thread, a zombie)
 
 
 def _mapped_files(maps_text: str) -> list[str]:
@@ -78,6 +79,107 @@ def _mapped_files(maps_text: str) -> list[str]:
             if path not in seen:
                 seen.append(path)
     return seen
+
+
+def allocator_name(path: str) -> str | None:
+    base = os.path.basename(path)
+    for pat, name in ALLOCATOR_LIBS:
+        if pat.match(base):
+            return name
+    return None
+
+
+@dataclass
+class _Elf:
+    needed: list[str]
+    soname: str | None
+    defines_malloc: bool
+
+
+_elf_cache: dict[str, _Elf | None] = {}
+
+
+def _elf(path: str) -> _Elf | None:
+    """The dynamic-linking facts of one mapped file (None when it cannot be read as ELF)."""
+    if path in _elf_cache:
+        return _elf_cache[path]
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    info = None
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            needed, soname = [], None
+            for sec in elf.iter_sections():
+                if isinstance(sec, DynamicSection):
+                    for tag in sec.iter_tags():
+                        if tag.entry.d_tag == "DT_NEEDED":
+                            needed.append(tag.needed)
+                        elif tag.entry.d_tag == "DT_SONAME":
+                            soname = tag.soname
+            dynsym = elf.get_section_by_name(".dynsym")
+            syms = (dynsym.get_symbol_by_name("malloc") or []) if dynsym is not None else []
+            info = _Elf(needed, soname, any(x["st_shndx"] != "SHN_UNDEF" for x in syms))
+    except (OSError, ELFError, ValueError, KeyError, IndexError, AttributeError):
+        info = None
+    _elf_cache[path] = info
+    return info
+
+
+def _preload_list(preload: str | None) -> list[str]:
+    """LD_PRELOAD's entries, then /etc/ld.so.preload's: the order in which the loader puts them in front."""
+    items = [p for p in re.split(r"[:\s]+", preload or "") if p]
+    try:
+        with open("/etc/ld.so.preload") as f:
+            items += [p for p in f.read().split() if p and not p.startswith("#")]
+    except OSError:
+        pass
+    return items
+
+
+def search_order(exe: str, files: list[str], preload: str | None) -> tuple[list[str], bool]:
+    """The mapped objects in the order the loader searches them for a symbol: the executable, the preloaded
+    libraries, then the dependencies breadth first. Objects loaded later (dlopen) are not in it. The flag is False
+    when the order could not be read from the ELF files (then it is the mapping order)."""
+    libs = [f for f in files if f != exe]
+    by_name: dict[str, str] = {}
+    for f in libs:
+        by_name.setdefault(os.path.basename(f), f)
+        by_name.setdefault(os.path.basename(os.path.realpath(f)), f)
+
+    def lookup(name: str) -> str | None:
+        if "/" in name:
+            real = os.path.realpath(name)
+            return next((f for f in libs if f == name or os.path.realpath(f) == real), None)
+        if name in by_name:
+            return by_name[name]
+        for f in libs:  # a file whose name is not its soname (libx.so.1.2.3 for libx.so.1)
+            e = _elf(f)
+            if e and e.soname == name:
+                by_name[name] = f
+                return f
+        return None
+
+    exe_elf = _elf(exe) if exe else None
+    if exe_elf is None:
+        return files, False
+    order: list[str] = [exe]
+    for p in _preload_list(preload):
+        f = lookup(p)
+        if f and f not in order:
+            order.append(f)
+    queue = list(order)
+    while queue:
+        obj = queue.pop(0)
+        e = _elf(obj)
+        for name in (e.needed if e else []):
+            f = lookup(name)
+            if f and f not in order:
+                order.append(f)
+                queue.append(f)
+    return order, True
 
 
 def which(pid: int) -> WhichResult:
@@ -94,29 +196,43 @@ def which(pid: int) -> WhichResult:
                 preload = item[len(b"LD_PRELOAD="):].decode(errors="replace")
     except ProcessError:
         pass
-    files = _mapped_files(maps)
     if not maps.strip():
-        return WhichResult(pid, None, [], "the process has no readable mappings (a kernel thread or a zombie)", exe=exe)
-    found: list[tuple[str, str]] = []
-    for path in files:
-        base = os.path.basename(path)
-        for pat, name in ALLOCATOR_LIBS:
-            if pat.match(base):
-                found.append((name, path))
-                break
-    traced = any(n == "mallard-tracer" for n, _ in found)
-    real = [(n, p) for n, p in found if n != "mallard-tracer"]
+        return WhichResult(pid, None, [], _why_no_mappings(pid), exe=exe, unreadable=True)
+    files = _mapped_files(maps)
+    traced = any(allocator_name(f) == "mallard-tracer" for f in files)
+    order, exact = search_order(exe, files, preload)
+    alloc_libs = [f for f in order if allocator_name(f) not in (None, "mallard-tracer")]
+    later = [f for f in files if allocator_name(f) not in (None, "mallard-tracer") and f not in order]
+    preloaded = {os.path.realpath(x) for x in _preload_list(preload) if "/" in x}
+    note_later = ("; also mapped but loaded later (dlopen), so not serving malloc: " + ", ".join(later)) if later else ""
+    if exact:
+        for obj in order:
+            name = allocator_name(obj)
+            if name == "mallard-tracer":
+                continue  # it forwards every call to the next definition
+            e = _elf(obj)
+            if not (e and e.defines_malloc):
+                continue
+            if obj == exe:
+                return WhichResult(pid, None, alloc_libs, f"the executable {exe} defines malloc itself (an allocator "
+                                   "linked in statically)", traced, exe, preload)
+            if name is None and re.match(r"libc(-[\d.]+)?\.so", os.path.basename(obj)):
+                name = "glibc"
+            how = f"{obj} " + ("is preloaded (LD_PRELOAD), so its malloc comes first"
+                               if os.path.realpath(obj) in preloaded or os.path.basename(obj) in (preload or "")
+                               else "defines the first malloc in the loader's search order")
+            others = [f for f in alloc_libs if f != obj]
+            if others:
+                how += "; also linked, but behind it: " + ", ".join(others)
+            return WhichResult(pid, name or os.path.basename(obj), alloc_libs, how + note_later, traced, exe, preload)
+    # The ELF files could not be read: fall back to the mappings alone.
+    real = [f for f in files if allocator_name(f) not in (None, "mallard-tracer")]
     if real:
-        name, path = real[0]
-        preloaded = {os.path.realpath(p) for p in re.split(r"[:\s]+", preload or "") if p}
-        how = f"{path} is mapped" + (" (preloaded with LD_PRELOAD, so it replaces malloc)"
-                                     if os.path.realpath(path) in preloaded else "")
-        if len(real) > 1:
-            how += "; also mapped: " + ", ".join(p for _, p in real[1:]) + " (the first one loaded wins)"
-        return WhichResult(pid, name, [p for _, p in found], how, traced, exe, preload)
+        how = f"{real[0]} is mapped (the ELF files could not be read to check the loader's order)"
+        return WhichResult(pid, allocator_name(real[0]), real, how, traced, exe, preload)
     libc = [p for p in files if re.match(r"libc(-[\d.]+)?\.so", os.path.basename(p))]
     if libc:
-        return WhichResult(pid, "glibc", [p for _, p in found], f"no other allocator library is mapped; malloc comes from {libc[0]}",
+        return WhichResult(pid, "glibc", [], f"no other allocator library is mapped; malloc comes from {libc[0]}",
                            traced, exe, preload)
     # No libc mapped: a static binary (or one with another C library); the allocator is inside the executable.
     hint = _static_hint(pid)
@@ -125,6 +241,40 @@ def which(pid: int) -> WhichResult:
     if hint:
         why += f"; the executable mentions {hint}"
     return WhichResult(pid, None, [], why, traced, exe, preload)
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """PF_KTHREAD in the flags of /proc/PID/stat (field 9)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        return bool(int(fields[6]) & 0x00200000)
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _why_no_mappings(pid: int) -> str:
+    if is_kernel_thread(pid):
+        return f"process {pid} is a kernel thread: it has no user memory or allocator"
+    if is_zombie(pid):
+        return f"process {pid} has exited (a zombie waiting for its parent): no memory left to read"
+    return f"process {pid} is exiting: its memory is already gone"
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def status_bytes(status: dict, key: str) -> str:
+    """A /proc/PID/status figure ('1234 kB') in the units of the rest of the report."""
+    parts = status.get(key, "").split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1] == "kB":
+        return fmt_bytes(int(parts[0]) * 1024)
+    return status.get(key, "?")
 
 
 def _static_hint(pid: int) -> str | None:
@@ -348,7 +498,7 @@ def vmem(pid: int) -> VmemReport:
         exe = ""
     maps = parse_smaps(smaps)
     if not maps:
-        raise ProcessError(f"process {pid} has no readable mappings (a kernel thread or a zombie)")
+        raise ProcessError(_why_no_mappings(pid))
     try:
         w = which(pid)
     except ProcessError:

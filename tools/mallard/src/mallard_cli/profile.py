@@ -40,15 +40,17 @@ def tracer_env(tracer: str, alloc: Allocator | None, trace_dir: str, base_env: d
     return env
 
 
-def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None, capture: bool = False) -> ProfileRun:
+def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None, capture: bool = False,
+               base_env: dict | None = None) -> ProfileRun:
     """Runs cmd with the tracer preloaded; raises TracerMissing if it is not built, OSError if cmd cannot start."""
     tracer = tracer_path()
     if tracer is None:
-        raise TracerMissing("the tracer library libmallard-tracer.so is not built: build the target `mallard-tracer` "
-                            "(cmake --build build --target mallard-tracer) or set MALLARD_BUILD_DIR")
+        raise TracerMissing("the tracer library libmallard-tracer.so is not built or installed: build the target "
+                            "`mallard-tracer` (cmake --build build --target mallard-tracer), or point MALLARD_LIBDIR "
+                            "(or MALLARD_BUILD_DIR) at it")
     trace_dir = tempfile.mkdtemp(prefix="mallard-profile-")
     try:
-        env = tracer_env(str(tracer), alloc, trace_dir, conf=conf)
+        env = tracer_env(str(tracer), alloc, trace_dir, base_env, conf=conf)
         t0 = time.perf_counter()
         out = subprocess.PIPE if capture else None
         proc = subprocess.run(cmd, env=env, stdout=out, stderr=out)
@@ -56,14 +58,40 @@ def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None,
         records = []
         for path in sorted(glob.glob(os.path.join(trace_dir, "trace.*.json"))):
             try:
-                with open(path) as f:
-                    records.append(json.load(f))
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    records.append(normalise(json.load(f)))
             except (OSError, ValueError):
                 continue
         records.sort(key=lambda r: (r.get("pid", 0), r.get("ended_by") != "exec", r.get("elapsed_s", 0)))
         return ProfileRun(proc.returncode, wall, records)
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
+
+
+TOP_SIZES = 200  # sizes kept per record, most frequent first
+
+
+def normalise(rec: dict) -> dict:
+    """A record as the tracer writes it (raw: sizes unsorted and repeated per thread, threads unsorted, so that the
+    writer stays async-signal-safe) merged and sorted: sizes [fn, size, calls] busiest first, distinct_sizes,
+    threads busiest first with their total and per-function calls."""
+    if rec.get("format") != "raw":
+        return rec
+    merged: dict[tuple[str, int], int] = {}
+    for fn, size, n in rec.get("sizes", []):
+        merged[(fn, size)] = merged.get((fn, size), 0) + n
+    top = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0][1], kv[0][0]))
+    rec["sizes"] = [[fn, size, n] for (fn, size), n in top[:TOP_SIZES]]
+    rec["distinct_sizes"] = len(merged)
+    threads = []
+    for t in rec.get("threads", []):
+        by = {f: n for f, n in t.get("calls", {}).items() if n}
+        threads.append({"tid": t.get("tid"), "exited": t.get("exited", False), "calls": sum(by.values()),
+                        "by_function": by})
+    threads.sort(key=lambda t: (t["exited"], -t["calls"]))
+    rec["threads"] = threads
+    del rec["format"]
+    return rec
 
 
 def size_ranges(hist: list[int]) -> list[tuple[int, int, int]]:

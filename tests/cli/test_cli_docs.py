@@ -1,0 +1,64 @@
+"""Every example session of docs/CLI.md still runs and still has the documented shape: same exit status, the same
+first line (numbers, paths and table contents aside) and the same labelled lines (`Fastest:`, `mallard:`, …)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from doc_examples import DOC, environment, parse, run_block, silent
+
+BLOCKS = parse(DOC.read_text())
+BOX = re.compile(r"[│┃┏┓┗┛┡┩└┘┌┐━─┳┻╇╈┼├┤╋]")
+PATH = re.compile(r"(/[\w.+-]+)+/?|(?<!\w)build/[\w./+-]+")
+
+
+def skeleton(line: str) -> str:
+    """A line without what varies between runs and machines: numbers, paths, table borders, spacing."""
+    s = PATH.sub("P", line)
+    s = re.sub(r"\d[\d,.]*", "9", s)
+    s = BOX.sub(" ", s)
+    return " ".join(s.split())
+
+
+def label(line: str) -> str | None:
+    """The label a line starts with (`Fastest:`, `mallard:`, `Step 1:`, `Plot:`), if any."""
+    m = re.match(r"^\s*([A-Z][\w ]{0,30}?|mallard(?: \w+)?|\d+\.|   - |   try):", line)
+    return m.group(1) if m else None
+
+
+def first_line(lines: list[str]) -> str | None:
+    for line in lines:
+        if line.strip() and not BOX.match(line.strip()[:1]):
+            return line
+    return None
+
+
+def test_every_documented_command_has_output(tmp_path):
+    assert len(BLOCKS) >= 10
+    for block in BLOCKS:
+        for ex in block.examples:
+            if not silent(ex.command):
+                assert ex.status is not None, f"{ex.command}: no [exit status N] documented"
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=lambda i: BLOCKS[i].examples[0].command[:40])
+def test_documented_examples_still_hold(index, tmp_path, build):
+    block = BLOCKS[index]
+    (tmp_path / "build").symlink_to(build)  # the examples name build/... relative to the repository root
+    (tmp_path / "tests").symlink_to(DOC.parent.parent / "tests")
+    got = run_block(block, tmp_path, environment(build), tmp=tmp_path)
+    for doc, real in zip(block.examples, got):
+        if silent(doc.command):
+            continue
+        where = f"`{doc.command}`:\n" + "\n".join(real.output)
+        assert real.status == doc.status, where
+        d_first, r_first = first_line(doc.output), first_line(real.output)
+        if d_first is not None:
+            assert r_first is not None and skeleton(d_first).split(":")[0] == skeleton(r_first).split(":")[0], where
+        doc_labels = {label(l) for l in doc.output} - {None}
+        real_labels = {label(l) for l in real.output} - {None}
+        assert doc_labels <= real_labels, f"{where}\nmissing: {doc_labels - real_labels}"
+        # Error lines (one line each) are compared whole, numbers and paths aside.
+        for line in doc.output:
+            if line.startswith("mallard: ") and len(doc.output) == 1:
+                assert [skeleton(line)] == [skeleton(x) for x in real.output], where
