@@ -15,6 +15,8 @@ def test_list_shows_glibc_first_then_every_allocator(mallard, allocators, build)
     names = [a["name"] for a in data["allocators"]]
     assert names[0] == "glibc" and data["allocators"][0]["path"] is None
     assert "mallard" in names
+    # Libraries of the build that are not allocators: the tracer, the fault-injection shim, the no-stats build.
+    assert not {"mallard-tracer", "mallard-faults", "mallard-nostats"} & set(names), names
     mallard_entry = next(a for a in data["allocators"] if a["name"] == "mallard")
     assert mallard_entry["path"] == str(build / "lib" / "libmallard.so")
     for peer in ("jemalloc", "mimalloc", "tcmalloc"):

@@ -46,7 +46,7 @@ INSTALL_HINTS = {
 MALLARD_VARIANTS = {"mallard": "libmallard.so", "mallard-secure": "libmallard-secure.so"}
 # The profiler's interposer forwards to an allocator (it is not one); the no-statistics build only measures
 # the cost of counting (bench/run.py --allocators can still name its path).
-NOT_ALLOCATORS = {"libmallard-tracer.so", "libmallard-nostats.so"}
+NOT_ALLOCATORS = {"libmallard-tracer.so", "libmallard-nostats.so", "libmallard-faults.so"}   # tools and test shims
 ALIASES = {"system": "glibc", "default": "glibc", "libc": "glibc", "ptmalloc": "glibc", "ptmalloc2": "glibc"}
 
 
