@@ -92,6 +92,11 @@ def test_global_switch_lifecycle(debs, tmp_path):
                                                       text=True).stdout
     r = subprocess.run(["/usr/bin/mallard", "--help"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stdout + r.stderr
+    # The installed command finds the installed library (not a build tree) and prints its path.
+    r = subprocess.run(["/usr/bin/mallard", "env", "-a", "mallard", "--format", "shell"], capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
+    assert r.returncode == 0 and f"/usr/lib/{libdir}/libmallard.so" in r.stdout, r.stdout + r.stderr
+    assert "/build/" not in r.stdout, r.stdout
     # A C consumer of the system-wide install: pkg-config from /usr, no run path needed.
     src = tmp_path / "main.c"
     src.write_text("#include <mallard.h>\n#include <stdlib.h>\n"
