@@ -125,36 +125,32 @@ static void *alloc_aligned(size_t align, size_t size) {
 /* Only for values already bounded (at most MLD_LARGE_MAX plus an alignment below MLD_MAX_REQUEST). */
 static size_t round_to(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
-/* The usable size a request would get (jemalloc's nallocx); 0 when it cannot be served. It follows the
- * computations of mld_large_alloc and mld_huge_alloc step by step, with the same overflow checks. */
+/* The usable size a request would get (jemalloc's nallocx); 0 when it cannot be served. Large requests follow
+ * mld_large_alloc's arithmetic; huge ones ask mld_huge_layout, as mld_huge_alloc does. */
 static size_t good_size(size_t size, size_t align) {
   if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
   if (size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST) return 0;
   unsigned c = class_for(size, align);
   if (c < MLD_NUM_CLASSES) return mld_block_usable(mld_class_size[c]);
   if (size == 0) size = 1;
-  size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0, span, off, need;
+  size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0, span, off;
   if (size <= MLD_LARGE_MAX && mld_add(size, extra, &span) && span <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
     return round_to(span, MLD_SLOT_SIZE) - extra;
-  if (align >= MLD_SEGMENT_SIZE) off = align;
-  else if (!mld_round(MLD_HUGE_HEADER, align, &off)) return 0;
-  size_t guard = MLD_SECURE_BUILD ? MLD_OS_PAGE : 0, total;
-  if (!mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &total) ||
-      total + (align >= MLD_SEGMENT_SIZE ? align : MLD_SEGMENT_SIZE) > MLD_MAX_REQUEST)
-    return 0;   /* the same test as mld_huge_alloc's */
-  return need - off;
+  size_t map, usable;
+  return mld_huge_layout(size, align, &off, &map, &usable) ? usable : 0;
 }
 
 /* A zeroed block: all of its usable size is zero (malloc_usable_size promises those bytes), and fresh mappings
  * are not written (they are zero already). */
 static void *zalloc_aligned(size_t align, size_t size) {
-  unsigned c = class_for(size, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
+  if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
+  unsigned c = class_for(size, align);
   if (c < MLD_NUM_CLASSES) {
     void *p = alloc_class(c);
     if (p) memset(p, 0, mld_block_usable(mld_class_size[c]));
     return p;
   }
-  return alloc_big(size, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align, true);
+  return alloc_big(size, align, true);
 }
 static void *zalloc(size_t total) { return zalloc_aligned(MLD_MIN_ALIGN, total); }
 

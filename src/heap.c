@@ -306,14 +306,10 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
   return heap_new_page(h, c);
 }
 
-void *mld_malloc_slow(heap_t *h, unsigned c) {
-  if (unlikely(h == &mld_heap_empty)) {
-    if (unlikely(mld_tls_exiting)) return mld_exit_alloc(c);
-    h = mld_heap_get();
-    if (!h) { errno = ENOMEM; return NULL; }
-  }
+/* Find a page with a free block for class c, make it current and take a block (NULL: no memory). */
+static block_t *heap_refill_pop(heap_t *h, unsigned c) {
   page_t *pg = heap_find_page(h, c);
-  if (unlikely(!pg)) { set_current(h, c); errno = ENOMEM; return NULL; }
+  if (unlikely(!pg)) { set_current(h, c); return NULL; }
   h->current[c] = pg;
   block_t *b = pg->free;
   pg->free = blk_next(pg, b);
@@ -321,6 +317,17 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
 #ifdef MALLARD_SECURE
   secure_on_alloc(pg, b);
 #endif
+  return b;
+}
+
+void *mld_malloc_slow(heap_t *h, unsigned c) {
+  if (unlikely(h == &mld_heap_empty)) {
+    if (unlikely(mld_tls_exiting)) return mld_exit_alloc(c);
+    h = mld_heap_get();
+    if (!h) { errno = ENOMEM; return NULL; }
+  }
+  block_t *b = heap_refill_pop(h, c);
+  if (unlikely(!b)) { errno = ENOMEM; return NULL; }
   h->stats.cls[c].nmalloc++;
   h->stats.cls[c].nrefills++;
   mld_purge_thread_maybe_start();   /* no lock held, lists consistent: see purge.c */
@@ -339,22 +346,8 @@ void *mld_exit_alloc(unsigned c) {
   mld_ensure_init();
   pthread_mutex_lock(&exit_lock);
   if (!exit_heap.arena) exit_heap.arena = mld_arena_get(0);
-  void *b = NULL;
-  if (exit_heap.arena) {
-    page_t *pg = heap_find_page(&exit_heap, c);
-    if (pg) {
-      exit_heap.current[c] = pg;
-      b = pg->free;
-      pg->free = blk_next(pg, b);
-      pg->used++;
-#ifdef MALLARD_SECURE
-      secure_on_alloc(pg, b);
-#endif
-      __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
-    } else {
-      set_current(&exit_heap, c);
-    }
-  }
+  block_t *b = exit_heap.arena ? heap_refill_pop(&exit_heap, c) : NULL;
+  if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
   pthread_mutex_unlock(&exit_lock);
   if (!b) errno = ENOMEM;
   return b;

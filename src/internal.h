@@ -263,7 +263,7 @@ MLD_HIDDEN void mld_arena_reap_abandoned(arena_t *a, uint64_t now);   /* lock he
 MLD_HIDDEN void mld_segment_release(arena_t *a, segment_t *seg);       /* lock held; segment entirely free */
 
 /* purge.c */
-MLD_HIDDEN void mld_arena_maybe_purge(arena_t *a, uint64_t now);   /* lock held */
+MLD_HIDDEN size_t mld_arena_maybe_purge(arena_t *a, uint64_t now);   /* lock held; returns bytes purged */
 MLD_HIDDEN size_t mld_arena_purge(arena_t *a, bool all);          /* lock held; returns bytes purged */
 MLD_HIDDEN size_t mld_purge_all(bool force);                      /* returns bytes given back to the OS */
 MLD_HIDDEN void mld_dirty_notify(void);
@@ -319,6 +319,7 @@ MLD_HIDDEN void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src);
 MLD_HIDDEN void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero);
 MLD_HIDDEN void mld_large_free(heap_t *h, page_t *pg, void *p);
 MLD_HIDDEN void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero);
+MLD_HIDDEN bool mld_huge_layout(size_t size, size_t align, size_t *off, size_t *map, size_t *usable);
 MLD_HIDDEN void mld_huge_free(heap_t *h, segment_t *seg, void *p);
 MLD_HIDDEN void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size);
 MLD_HIDDEN bool mld_large_resize_in_place(page_t *pg, size_t size);

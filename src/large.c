@@ -199,19 +199,31 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
   return best;
 }
 
-void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
-  if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
+/* The layout of a huge block of `size` bytes aligned to `align` (at least MLD_MIN_ALIGN): where the user pointer
+ * starts in the mapping (*off), the mapping's length, guard page included (*map), and what is promised (*usable).
+ * False when no mapping can serve it. Every step on the user's size is checked; nallocx asks the same question. */
+bool mld_huge_layout(size_t size, size_t align, size_t *off, size_t *map, size_t *usable) {
   size_t guard = 0;
 #ifdef MALLARD_SECURE
   guard = MLD_OS_PAGE;   /* an inaccessible page right after every huge block */
 #endif
-  bool big = align >= MLD_SEGMENT_SIZE;
-  size_t off, need;
-  /* need = round_up(off + size, page) + guard, every step checked (sizes near SIZE_MAX wrap otherwise). */
+  bool big = align >= MLD_SEGMENT_SIZE;   /* aligned beyond a segment: the header sits one alignment before */
+  size_t need;
   if (size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST ||
-      !(big ? (off = align, true) : mld_round(MLD_HUGE_HEADER, align, &off)) ||
-      !mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &need) ||
-      need + (big ? align : MLD_SEGMENT_SIZE) > MLD_MAX_REQUEST) {   /* with the alignment slack mmap needs */
+      !(big ? (*off = align, true) : mld_round(MLD_HUGE_HEADER, align, off)) ||
+      !mld_add(*off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &need) ||
+      need + (big ? align : MLD_SEGMENT_SIZE) > MLD_MAX_REQUEST)   /* with the alignment slack mmap needs */
+    return false;
+  *map = need;
+  *usable = need - *off - guard;
+  return true;
+}
+
+void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
+  if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
+  bool big = align >= MLD_SEGMENT_SIZE;
+  size_t off, need, usable;
+  if (!mld_huge_layout(size, align, &off, &need, &usable)) {
     errno = ENOMEM;
     return NULL;
   }
@@ -224,12 +236,14 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     seg->kind = SEG_HUGE;
     seg->map_size = need;
     fresh = true;
-    if (guard) mprotect((uint8_t *)seg + need - guard, guard, PROT_NONE);
+#ifdef MALLARD_SECURE
+    mprotect((uint8_t *)seg + off + usable, need - off - usable, PROT_NONE);   /* the guard page */
+#endif
     if (mld_opt.thp) mld_os_thp(seg, need, true);
     mld_os_name(seg, need, "mallard-huge");
     huge_max_note(need);
   }
-  seg->user_size = need - off - guard;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
+  seg->user_size = usable;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
   if (zero && !fresh && dirty > off)   /* all of the usable size that may hold old data */
     memset((uint8_t *)seg + off, 0, dirty - off < seg->user_size ? dirty - off : seg->user_size);
   __atomic_store_n(&seg->user, (uint8_t *)seg + off, __ATOMIC_RELEASE);   /* mld_huge_find reads it */
@@ -325,20 +339,32 @@ void *mld_huge_find(const void *p) {
   return found;
 }
 
-/* When the oldest cached huge mapping is due for unmapping (0: the cache is empty). */
-uint64_t mld_huge_cache_due(void) {
-  if (!atomic_load(&mld_huge_cached)) return 0;
+/* When the oldest cached mapping is due for unmapping (0: the cache is empty). huge_lock held. */
+static uint64_t cache_due_locked(void) {
   uint64_t oldest = 0;
-  pthread_mutex_lock(&huge_lock);
   for (segment_t *s = huge_cache; s; s = s->next)
     if (!oldest || s->dirty_since < oldest) oldest = s->dirty_since;
-  pthread_mutex_unlock(&huge_lock);
   return oldest ? oldest + mld_purge_age() : 0;
+}
+
+uint64_t mld_huge_cache_due(void) {
+  if (!atomic_load(&mld_huge_cached)) return 0;
+  pthread_mutex_lock(&huge_lock);
+  uint64_t due = cache_due_locked();
+  pthread_mutex_unlock(&huge_lock);
+  return due;
 }
 
 /* Unmap cached huge mappings older than the decay delay (all if `all`); returns bytes unmapped. */
 size_t mld_huge_cache_purge(bool all) {
-  if (!atomic_load(&mld_huge_cached)) return 0;
+  if (!atomic_load(&mld_huge_cached)) {
+    if (atomic_load(&huge_due_ms)) {   /* emptied by allocations: the inline deadline must not stay behind */
+      pthread_mutex_lock(&huge_lock);
+      atomic_store(&huge_due_ms, cache_due_locked());
+      pthread_mutex_unlock(&huge_lock);
+    }
+    return 0;
+  }
   uint64_t now = mld_now_ms();
   size_t bytes = 0;
   pthread_mutex_lock(&huge_lock);
@@ -353,10 +379,7 @@ size_t mld_huge_cache_purge(bool all) {
     }
     s = next;
   }
-  uint64_t oldest = 0;
-  for (s = huge_cache; s; s = s->next)
-    if (!oldest || s->dirty_since < oldest) oldest = s->dirty_since;
-  atomic_store(&huge_due_ms, oldest ? oldest + mld_purge_age() : 0);
+  atomic_store(&huge_due_ms, cache_due_locked());
   pthread_mutex_unlock(&huge_lock);
   return bytes;
 }

@@ -4,12 +4,19 @@
 #include <signal.h>
 #include <time.h>
 
-void mld_arena_maybe_purge(arena_t *a, uint64_t now) {
-  if (unlikely(atomic_load_explicit(&a->reap_pending, memory_order_relaxed)) &&
-      now >= atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age())
-    mld_arena_reap_abandoned(a, now);
-  if (mld_opt.dirty_decay_ms < 0) return;
-  if (a->dirty_slots && now >= a->next_purge_ms) mld_arena_purge(a, false);
+/* When the arena's pending reap is due (0: none asked). */
+static uint64_t reap_due(arena_t *a) {
+  if (likely(!atomic_load_explicit(&a->reap_pending, memory_order_relaxed))) return 0;
+  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age();
+}
+
+/* Reap and purge what is due (lock held); returns the bytes purged. */
+size_t mld_arena_maybe_purge(arena_t *a, uint64_t now) {
+  uint64_t reap = reap_due(a);
+  if (unlikely(reap) && now >= reap) mld_arena_reap_abandoned(a, now);
+  if (mld_opt.dirty_decay_ms < 0) return 0;
+  if (a->dirty_slots && now >= a->next_purge_ms) return mld_arena_purge(a, false);
+  return 0;
 }
 
 /* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
@@ -57,13 +64,7 @@ size_t mld_purge_all(bool force) {
   for (unsigned i = 0; i < n; i++) {
     arena_t *a = mld_arenas[i];
     mld_lock(&a->lock, &a->lock_stats);
-    if (force) bytes += mld_arena_purge(a, true);
-    else {
-      uint64_t now = mld_now_ms();
-      if (atomic_load(&a->reap_pending) && now >= atomic_load(&a->reap_since) + mld_purge_age())
-        mld_arena_reap_abandoned(a, now);
-      if (mld_opt.dirty_decay_ms >= 0 && a->dirty_slots && now >= a->next_purge_ms) bytes += mld_arena_purge(a, false);
-    }
+    bytes += force ? mld_arena_purge(a, true) : mld_arena_maybe_purge(a, mld_now_ms());
     pthread_mutex_unlock(&a->lock);
   }
   return bytes + mld_huge_cache_purge(force);
@@ -100,9 +101,9 @@ static bool any_dirty(uint64_t *due) {
   for (unsigned i = 0; i < n; i++) {
     arena_t *a = mld_arenas[i];
     pthread_mutex_lock(&a->lock);
-    if (atomic_load(&a->reap_pending)) {   /* pages of exited threads may be empty: reap them within the delay */
-      uint64_t d = atomic_load(&a->reap_since) + mld_purge_age();
-      if (!best || d < best) best = d;
+    uint64_t reap = reap_due(a);   /* pages of exited threads may be empty: reap them within the delay */
+    if (reap) {
+      if (!best || reap < best) best = reap;
       dirty = true;
     }
     if (a->dirty_slots) {
