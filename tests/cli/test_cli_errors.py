@@ -111,3 +111,15 @@ def test_bad_conf_shape(mallard):
 def test_vmem_program_that_exits_too_soon(mallard):
     r = mallard("vmem", "--delay", "2", "--", "true")
     assert r.returncode == 5 and "exited" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["bench", "-a", "glibc", "-n", "1", "--warmup", "0", "--json", "{out}", "--", "true"],
+                                  ["profile", "-o", "{out}", "--", "true"],
+                                  ["profile", "--overhead", "-n", "1", "-o", "{out}", "--", "true"],
+                                  ["vmem", "--json", "{out}", "--delay", "0.2", "--", "sleep", "1"]])
+def test_unwritable_report_file_is_one_line(mallard, tmp_path, args):
+    out = str(tmp_path)   # a folder where the report file should go (bench makes missing folders)
+    r = mallard(*[a.replace("{out}", out) for a in args])
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == f"mallard: cannot write {out}: Is a directory" and "Traceback" not in r.stderr

@@ -1,7 +1,6 @@
 """`mallard bench`: runs a command under several allocators, interleaved, and compares time, CPU and peak RSS."""
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import subprocess
@@ -139,8 +138,3 @@ def plot(results: list[AllocRuns], path: str, title: str, metric_name: str | Non
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
-
-def dump_json(path: str, data: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")

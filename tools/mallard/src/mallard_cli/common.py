@@ -1,6 +1,7 @@
 """What every subcommand shares: consoles, exit codes, the one-line error, tables and allocator/option helpers."""
 from __future__ import annotations
 
+import json
 import os
 
 from rich.console import Console
@@ -41,6 +42,16 @@ class CliError(Exception):
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
+
+
+def write_json(path: str, data) -> None:
+    """Write a report as indented JSON; a file that cannot be written is a one-line error."""
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror}", EXIT_ERROR) from None
 
 
 def printable(s: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import allocators as al
 from .. import bench as bn
 from ..common import (EXIT_ERROR, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table, err, get_allocator, out,
-                      parse_conf, printable, progress, shown, start_error)
+                      parse_conf, printable, progress, shown, start_error, write_json)
 from ..spread import clear_winner, compare
 from ..stdin import replay_source
 
@@ -148,10 +148,7 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
     if json_path:
         data = bn.to_json([printable(c) for c in cmd], results, n, warmup, metric.pattern if metric else None)
         data["verdict"] = verdict
-        try:
-            bn.dump_json(json_path, data)
-        except OSError as e:
-            raise CliError(f"cannot write {json_path}: {e.strerror}", EXIT_ERROR) from None
+        write_json(json_path, data)
         out.print(f"Raw results: {shown(json_path)}")
     if plot_path and any(r.runs for r in results):
         try:

@@ -1,7 +1,6 @@
 """`mallard profile`: a program's allocator calls counted by the interposing tracer, or the tracer's own overhead."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -11,7 +10,7 @@ from .. import allocators as al
 from .. import procinfo as pi
 from .. import profile as pf
 from ..common import (EXIT_ERROR, EXIT_NOT_BUILT, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, Table, alloc_opt,
-                      check_conf, get_allocator, out, parse_conf, printable, progress, shown, start_error)
+                      check_conf, get_allocator, out, parse_conf, printable, progress, shown, start_error, write_json)
 from ..measure import exit_text, run_measured
 from ..spread import compare
 
@@ -70,12 +69,7 @@ def run(args) -> int:
               "exit_status": prun.returncode, "wall_s": prun.wall_s, "summary": s, "verdict": v,
               "processes": prun.records}
     if args.output:
-        try:
-            with open(args.output, "w") as f:
-                json.dump(report, f, indent=2)
-                f.write("\n")
-        except OSError as e:
-            raise CliError(f"cannot write {args.output}: {e.strerror}", EXIT_ERROR) from None
+        write_json(args.output, report)
     print_profile(s, v, prun, args)
     if args.output:
         out.print(f"Full report: {shown(args.output)}")
@@ -199,11 +193,6 @@ def overhead(args, a: al.Allocator | None, conf: str | None) -> int:
         out.print(f"Overhead: no measurable difference: the ranges of the runs overlap or the medians differ by less "
                   f"than 1% (median ratio {mt / mp:.2f}x, ratio range {c.low:.2f}x–{c.high:.2f}x)")
     if args.output:
-        try:
-            with open(args.output, "w") as f:
-                json.dump({"command": [printable(x) for x in args.command], "without": plain, "with": traced,
-                           "ratio": mt / mp, "ratio_range": [c.low, c.high], "beyond_noise": c.beyond_noise},
-                          f, indent=2)
-        except OSError as e:
-            raise CliError(f"cannot write {args.output}: {e.strerror}", EXIT_ERROR) from None
+        write_json(args.output, {"command": [printable(x) for x in args.command], "without": plain, "with": traced,
+                                 "ratio": mt / mp, "ratio_range": [c.low, c.high], "beyond_noise": c.beyond_noise})
     return EXIT_OK

@@ -1,7 +1,6 @@
 """`mallard vmem`: a process's virtual and resident memory by kind, with glibc's arena reservations explained."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -12,8 +11,8 @@ import time
 
 from .. import allocators as al
 from .. import procinfo as pi
-from ..common import (EXIT_BAD_PID, EXIT_ERROR, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table,
-                      alloc_opt, check_conf, get_allocator, out, parse_conf, printable, shown, start_error)
+from ..common import (EXIT_BAD_PID, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table,
+                      alloc_opt, check_conf, get_allocator, out, parse_conf, printable, shown, start_error, write_json)
 from ..measure import exit_text
 
 NAME = "vmem"
@@ -130,12 +129,7 @@ def report(rep: pi.VmemReport, args, label: str | None = None) -> None:
                 "status": {k: rep.status.get(k) for k in ("VmPeak", "VmSize", "VmHWM", "VmRSS", "Threads")},
                 "kinds": rep.totals, "allocator": rep.allocator.__dict__ if rep.allocator else None,
                 "glibc_arena_heaps": [a.__dict__ for a in rep.arenas], "explanation": pi.explain_arenas(rep)}
-        try:
-            with open(args.json, "w") as f:
-                json.dump(data, f, indent=2)
-                f.write("\n")
-        except OSError as e:
-            raise CliError(f"cannot write {args.json}: {e.strerror}", EXIT_ERROR) from None
+        write_json(args.json, data)
     st = rep.status
     exe = rep.allocator.exe if rep.allocator and rep.allocator.exe else ""
     who = shown(label) if label else (shown(exe) if exe else "process")
