@@ -65,6 +65,10 @@ static inline void dealloc(void *p) {
     /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
     block_t *b = p;
     unsigned c = pg->size_class;
+    if (unlikely(pg->in_full)) {           /* parked: a sweep may be at it, the locked path (heap.c) */
+      mld_free_parked(h, pg, b);
+      return;
+    }
 #ifdef MALLARD_SECURE
     secure_owner_free(pg, b);
     if (unlikely(mld_opt.zero_on_free)) memset(b, 0, pg->block_size);
@@ -74,10 +78,8 @@ static inline void dealloc(void *p) {
 #ifdef MALLARD_STATS
     h->stats.cls[c].nfree++;
 #endif
-    if (unlikely(--pg->used == 0 || pg->in_full)) {
-      /* empty and not current (or multi-slot, not kept yet), or parked full */
-      if (pg != h->current[c] || pg->in_full || pg->keep_check) mld_page_retire(h, pg);
-    }
+    /* empty and not current (or multi-slot, not kept yet) */
+    if (unlikely(--pg->used == 0) && (pg != h->current[c] || pg->keep_check)) mld_page_retire(h, pg);
     return;
   }
   mld_free_slow(seg, pg, p);
@@ -305,6 +307,7 @@ MLD_EXPORT bool mallard_owns(const void *p) {
 static size_t collect(bool force) {
   mld_ensure_init();
   mld_heap_collect(mld_tls_heap, force);
+  mld_heaps_sweep(force);   /* other threads' idle parked pages and the exit heap's empty ones go back to arenas */
   return mld_purge_all(force);
 }
 

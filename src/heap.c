@@ -38,11 +38,33 @@ static void list_push_tail(page_list_t *l, page_t *pg) {
   l->tail = pg;
 }
 
+/* in_full is read by threads sending remote frees (outbox.c): written atomically, always under the heap lock. */
+static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, v, __ATOMIC_RELAXED); }
+
+/* A page with nothing free leaves the class list for the full list until remote frees arrive. From now on
+ * the owner's frees into it take the locked path (mld_free_parked), so a sweep may give it back. */
+static void park(heap_t *h, unsigned c, page_t *pg) {
+  set_in_full(pg, 1);
+  list_push_tail(&h->full[c], pg);
+}
+
 static void set_current(heap_t *h, unsigned c) {
   h->current[c] = h->avail[c].head ? h->avail[c].head : &mld_page_empty;
 }
 
 /* ---- heap life ---- */
+static heap_t *find_dead_heap(void);
+
+/* The calling thread takes its heap's robust `life` mutex for good: released by its destructor
+ * (mld_heap_abandon), or marked EOWNERDEAD by the kernel when the thread ends without one. */
+static void life_begin(heap_t *h) {
+  pthread_mutexattr_t ra;
+  pthread_mutexattr_init(&ra);
+  pthread_mutexattr_setrobust(&ra, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&h->life, &ra);
+  pthread_mutexattr_destroy(&ra);
+  pthread_mutex_lock(&h->life);
+}
 /* dst += src, counter by counter; src may be updated meanwhile by its owner (relaxed loads: a snapshot). */
 void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src) {
   const uint64_t *s = (const uint64_t *)src;
@@ -59,6 +81,7 @@ heap_t *mld_heap_get(void) {
   mld_ensure_init();
   /* Arena 0 may be missing when memory ran out during initialisation: every heap needs it. */
   if (!mld_arena_get(0) && mld_arena_create() < 0) return NULL;
+  for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);   /* their structs are reused */
   pthread_mutex_lock(&mld_heaps_mutex);
   h = heaps_pool;
   if (h) heaps_pool = h->next_free;
@@ -66,6 +89,9 @@ heap_t *mld_heap_get(void) {
   if (!h) { pthread_mutex_unlock(&mld_heaps_mutex); return NULL; }
   memset(h, 0, sizeof *h);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
+  pthread_mutex_init(&h->lock, NULL);
+  life_begin(h);
+  atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
   /* Every thread starts on arena 0, so a quiet process shares its segments (no reservation per thread);
    * a thread that waits for an arena lock moves on to the next automatic arena (mld_heap_arena). */
   h->arena = mld_arenas[0];
@@ -202,7 +228,7 @@ static void abandon_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
   (void)force;
   list_remove(list, pg);
   set_current(h, c);   /* never leave current[c] on a page that is being given away */
-  pg->in_full = 0;
+  set_in_full(pg, 0);
   mld_page_collect(pg);
   if (pg->used == 0) page_release(h, pg);
   else mld_arena_abandon(segment_of(pg)->arena, pg);
@@ -217,20 +243,25 @@ static void collect_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
     page_release(h, pg);
   } else if (pg->in_full && pg->free) {
     list_remove(list, pg);
-    pg->in_full = 0;
+    set_in_full(pg, 0);
     list_push_tail(&h->avail[c], pg);
   }
 }
 
-/* A thread is exiting: its pages are released or abandoned, its counters kept, its struct recycled. */
+/* A thread is exiting (or, from a sweep, has ended without its destructor): its pending remote frees are sent,
+ * its pages released or abandoned, its counters kept, its struct recycled. The caller holds `life`. */
 void mld_heap_abandon(heap_t *h) {
+  mld_outbox_flush(h);
+  pthread_mutex_lock(&h->lock);
   visit_pages(h, abandon_page, true);
+  pthread_mutex_unlock(&h->lock);
   pthread_mutex_lock(&mld_heaps_mutex);
   mld_stats_add(&mld_dead_stats, &h->stats);
   h->arena->nthreads--;
   h->live = false;
   if (h->prev_all) h->prev_all->next_all = h->next_all; else mld_heaps_all = h->next_all;
   if (h->next_all) h->next_all->prev_all = h->prev_all;
+  pthread_mutex_unlock(&h->life);         /* before the struct can be reused (and its mutexes made anew) */
   h->next_free = heaps_pool;
   heaps_pool = h;
   pthread_mutex_unlock(&mld_heaps_mutex);
@@ -239,7 +270,10 @@ void mld_heap_abandon(heap_t *h) {
 /* Give back what this heap holds but does not use: empty pages (even the last of a class when forced). */
 void mld_heap_collect(heap_t *h, bool force) {
   if (h == &mld_heap_empty) return;
+  mld_outbox_flush(h);
+  pthread_mutex_lock(&h->lock);
   visit_pages(h, collect_page, force);
+  pthread_mutex_unlock(&h->lock);
 }
 
 /* ---- the slow path ---- */
@@ -248,16 +282,16 @@ void mld_heap_collect(heap_t *h, bool force) {
 static page_t *heap_new_page(heap_t *h, unsigned c) {
   arena_t *a = mld_heap_arena(h);
   page_t *pg;
-  /* Abandoned pages first. One may be full (all its blocks still live): it joins our full list. */
-  while ((pg = mld_arena_adopt(a, c, h)) != NULL) {
+  /* Abandoned pages first. One may be full (all its blocks still live): it joins our full list. The exit heap
+   * adopts none: its pages are only collected by sweeps, abandoned ones are reaped as soon as they empty. */
+  while (h != &mld_exit_heap && (pg = mld_arena_adopt(a, c, h)) != NULL) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
     if (pg->free || mld_page_extend(pg)) {
       list_push_head(&h->avail[c], pg);
       return pg;
     }
-    pg->in_full = 1;
-    list_push_tail(&h->full[c], pg);
+    park(h, c, pg);
   }
   if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
     mld_page_init(pg, c, h);
@@ -286,8 +320,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
       return pg;
     }
     list_remove(avail, pg);                 /* nothing free: park it until remote frees arrive */
-    pg->in_full = 1;
-    list_push_tail(full, pg);
+    park(h, c, pg);
     pg = next;
   }
   /* Sweep the oldest full pages for remote frees before taking a new page. */
@@ -296,7 +329,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
     page_t *next = pg->next;
     list_remove(full, pg);
     if (mld_page_collect(pg)) {
-      pg->in_full = 0;
+      set_in_full(pg, 0);
       list_push_head(avail, pg);
       return pg;
     }
@@ -326,7 +359,11 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
     h = mld_heap_get();
     if (!h) { errno = ENOMEM; return NULL; }
   }
+  pthread_mutex_lock(&h->lock);
+  atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
   block_t *b = heap_refill_pop(h, c);
+  pthread_mutex_unlock(&h->lock);
+  if (h->outbox_ops) mld_outbox_flush(h);   /* a refill is a good moment: no batch waits past it */
   if (unlikely(!b)) { errno = ENOMEM; return NULL; }
   h->stats.cls[c].nmalloc++;
   h->stats.cls[c].nrefills++;
@@ -338,24 +375,25 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
  * Such a thread (a TLS destructor of the program that allocates, in any round) must not make a heap that no
  * destructor would abandon. It allocates from one shared heap under a lock; its frees, like every free of the
  * exit heap's blocks, take the remote path (no thread has the exit heap as its own). */
-static pthread_mutex_t exit_lock = PTHREAD_MUTEX_INITIALIZER;
-/* bound: it never moves between arenas (it is no thread's, and counts in no arena's nthreads). */
-static heap_t exit_heap = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty }, .bound = true };
+/* bound: it never moves between arenas (it is no thread's, and counts in no arena's nthreads). Its lock is
+ * held for every operation on it: nobody has a lock-free path into it. */
+heap_t mld_exit_heap = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty }, .bound = true,
+                         .lock = PTHREAD_MUTEX_INITIALIZER };
 
 void *mld_exit_alloc(unsigned c) {
   mld_ensure_init();
-  pthread_mutex_lock(&exit_lock);
-  if (!exit_heap.arena) exit_heap.arena = mld_arena_get(0);
-  block_t *b = exit_heap.arena ? heap_refill_pop(&exit_heap, c) : NULL;
+  pthread_mutex_lock(&mld_exit_heap.lock);
+  if (!mld_exit_heap.arena) mld_exit_heap.arena = mld_arena_get(0);
+  block_t *b = mld_exit_heap.arena ? heap_refill_pop(&mld_exit_heap, c) : NULL;
   if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
-  pthread_mutex_unlock(&exit_lock);
+  pthread_mutex_unlock(&mld_exit_heap.lock);
   if (!b) errno = ENOMEM;
   return b;
 }
 
-void mld_exit_heap_lock(void) { pthread_mutex_lock(&exit_lock); }
-void mld_exit_heap_unlock(void) { pthread_mutex_unlock(&exit_lock); }
-void mld_exit_heap_fork_child(void) { pthread_mutex_init(&exit_lock, NULL); }
+void mld_exit_heap_lock(void) { pthread_mutex_lock(&mld_exit_heap.lock); }
+void mld_exit_heap_unlock(void) { pthread_mutex_unlock(&mld_exit_heap.lock); }
+void mld_exit_heap_fork_child(void) { pthread_mutex_init(&mld_exit_heap.lock, NULL); }
 
 /* May the class's only page stay with the heap although empty? One-slot pages always; multi-slot pages while
  * the heap keeps at most MLD_KEEP_SLOTS slots of them (a loop over medium sizes must not thrash, an idle
@@ -376,11 +414,11 @@ static bool keep_empty(heap_t *h, page_t *pg) {
  * class list; an empty page goes to the page cache or back to the arena, unless it is the only page of a
  * one-slot class (kept: a malloc/free loop must not thrash). Empty multi-slot pages always leave, so that
  * at most a 64 KiB page per small class stays with an idle thread. */
-void mld_page_retire(heap_t *h, page_t *pg) {
+static void page_retire_locked(heap_t *h, page_t *pg) {
   unsigned c = pg->size_class;
   if (pg->in_full) {
     list_remove(&h->full[c], pg);
-    pg->in_full = 0;
+    set_in_full(pg, 0);
     list_push_tail(&h->avail[c], pg);
     if (pg->used) { set_current(h, c); return; }
   }
@@ -388,6 +426,30 @@ void mld_page_retire(heap_t *h, page_t *pg) {
   list_remove(&h->avail[c], pg);
   set_current(h, c);
   page_release_or_cache(h, pg);
+}
+
+void mld_page_retire(heap_t *h, page_t *pg) {
+  pthread_mutex_lock(&h->lock);
+  page_retire_locked(h, pg);
+  pthread_mutex_unlock(&h->lock);
+}
+
+/* The owner frees a block of one of its parked pages: under the heap lock, since a sweep may be giving the
+ * page's remote frees back meanwhile (the fast path never writes a parked page). */
+void mld_free_parked(heap_t *h, page_t *pg, block_t *b) {
+  pthread_mutex_lock(&h->lock);
+#ifdef MALLARD_SECURE
+  secure_owner_free(pg, b);
+  if (unlikely(mld_opt.zero_on_free)) memset(b, 0, pg->block_size);
+#endif
+  blk_set_next(pg, b, pg->free);
+  pg->free = b;
+#ifdef MALLARD_STATS
+  h->stats.cls[pg->size_class].nfree++;
+#endif
+  pg->used--;
+  page_retire_locked(h, pg);
+  pthread_mutex_unlock(&h->lock);
 }
 
 /* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
@@ -402,22 +464,22 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
 #ifdef MALLARD_SECURE
     secure_check_free(pg, b);   /* the owner clears the bitmap bit when it collects the block */
 #endif
+    /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
+     * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */
+    if (unlikely(h == &mld_heap_empty) && !mld_tls_exiting) {
+      heap_t *own = mld_heap_get();
+      if (own) h = own;
+    }
     /* Counted first: once the block is published, the page may be collected, released and reused by others. */
     MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
     MLD_STAT_ADD(h, remote_frees, 1);
-    /* A page of an exited thread: its arena is asked for a reap after the push (arenas live for ever; the page
-     * itself is not touched again). Asked after, so that a reap already under way cannot miss this block. */
-    arena_t *reap = unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == NULL) ? segment_of(pg)->arena : NULL;
-    /* Remote free: one lock-free push; the owner (or whoever adopts the page) collects it. */
-    block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
-    do {
-#ifdef MALLARD_SECURE
-      if (unlikely(old == b)) mld_secure_fail("double free (by another thread) of", b);
+#ifndef MALLARD_SECURE
+    if (likely(h != &mld_heap_empty)) {
+      mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */
+      return;
+    }
 #endif
-      blk_set_next(pg, b, old);
-    } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, b, memory_order_release, memory_order_relaxed));
-    MLD_RACE_WINDOW();   /* the block is published: nothing of the page may be touched from here on */
-    if (unlikely(reap != NULL)) mld_arena_want_reap(reap);
+    mld_remote_push(pg, b, b, 1);
     return;
   }
   if (pg->kind == PAGE_LARGE && p == pg->user) {
@@ -425,6 +487,100 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
     return;
   }
   mld_report_invalid("free", p);
+}
+
+/* ---- sweeps: memory that waits on no thread's next allocation ----
+ * Three kinds of pages are given back by a sweep rather than by their owner: the parked pages of a heap whose
+ * owner has not refilled for a decay period (blocks freed by other threads into them would otherwise wait
+ * until it allocates again), every empty page of the exit heap (nobody allocates from it but under its lock),
+ * and the pages of a heap whose thread ended without its destructor (its `life` mutex, robust, reads as
+ * EOWNERDEAD). A send into a parked or exit-heap page asks for a sweep (mld_sweep_want); the purging thread
+ * runs it once the decay delay has passed, malloc_trim and mallard_collect at once. */
+_Atomic(uint64_t) mld_sweep_since;
+
+void mld_sweep_want(void) {
+  if (atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return;   /* already asked: one write per delay */
+  uint64_t none = 0, now = mld_now_ms();
+  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_dirty_notify();
+}
+
+uint64_t mld_sweep_due(void) {
+  uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
+  return since ? since + mld_purge_age() : 0;
+}
+
+/* Parked pages whose blocks have all come back go back to their arena (heap lock held, by a thread that is
+ * not the owner). The owner's fast paths never touch a parked page: they allocate from `current` pages only,
+ * and divert frees into parked pages to mld_free_parked, which waits for this lock. So `used` and `free` of a
+ * parked page change only under the lock, and a page whose every handed-out block is back is unreachable to
+ * its owner. Returns the bytes given back to the arena. */
+static size_t sweep_parked(heap_t *h) {
+  size_t bytes = 0;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    for (page_t *pg = h->full[c].head, *next; pg; pg = next) {
+      next = pg->next;
+      if (!mld_page_collect_remote(pg) || pg->used) continue;
+      list_remove(&h->full[c], pg);
+      set_in_full(pg, 0);
+      bytes += (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+      page_release(h, pg);
+    }
+  }
+  return bytes;
+}
+
+/* Has a parked page of h received remote frees (heap lock held)? */
+static bool parked_pending(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
+    for (page_t *pg = h->full[c].head; pg; pg = pg->next)
+      if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed)) return true;
+  return false;
+}
+
+/* A heap whose thread ended without abandoning it, or NULL. Its `life` is then ours (made consistent). */
+static heap_t *find_dead_heap(void) {
+  pthread_mutex_lock(&mld_heaps_mutex);
+  heap_t *dead = NULL;
+  for (heap_t *h = mld_heaps_all; h && !dead; h = h->next_all) {
+    if (pthread_mutex_trylock(&h->life) == EOWNERDEAD) {
+      pthread_mutex_consistent(&h->life);
+      dead = h;
+    }
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  return dead;
+}
+
+/* Sweep what is due (everything when forced); returns the bytes given back to the arenas. */
+size_t mld_heaps_sweep(bool force) {
+  size_t bytes = 0;
+  for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
+  uint64_t now = mld_now_ms(), age = mld_purge_age();
+  uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
+  if (!force && (!since || now < since + age)) {
+    if (since) {   /* not due yet: keep the request */
+      uint64_t none = 0;
+      atomic_compare_exchange_strong(&mld_sweep_since, &none, since);
+    }
+    return 0;
+  }
+  pthread_mutex_lock(&mld_exit_heap.lock);
+  if (mld_exit_heap.arena) {
+    visit_pages(&mld_exit_heap, collect_page, true);
+  }
+  pthread_mutex_unlock(&mld_exit_heap.lock);
+  bool busy = false;
+  pthread_mutex_lock(&mld_heaps_mutex);
+  for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
+    if (pthread_mutex_trylock(&h->lock) != 0) { busy = true; continue; }
+    /* An owner that refilled within the delay will find its parked pages itself (and reuse them). */
+    if (force || now - atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed) >= age) bytes += sweep_parked(h);
+    else busy |= parked_pending(h);
+    pthread_mutex_unlock(&h->lock);
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (busy) mld_sweep_want();   /* look again one delay later: a busy owner may have gone idle by then */
+  return bytes;
 }
 
 /* ---- fork ---- */
@@ -438,4 +594,11 @@ void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); mld_exit_h
 void mld_heaps_fork_child(void) {
   pthread_mutex_init(&mld_heaps_mutex, NULL);
   mld_exit_heap_fork_child();
+  /* The forking thread lives on with another thread id: its heap's robust `life` is made anew and held again
+   * (the parent's copy names the parent's thread, which a child thread could never unlock). */
+  heap_t *h = mld_tls_heap;
+  if (h != &mld_heap_empty) {
+    life_begin(h);
+    pthread_mutex_init(&h->lock, NULL);
+  }
 }

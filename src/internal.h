@@ -48,10 +48,11 @@ struct heap_s;
 struct arena_s;
 
 /* A page descriptor: one per slot; a span's first slot describes it, its other slots hold `offset` back to it.
- * Cache-line aligned (128 bytes): page_of() is shifts only, and threads owning neighbouring pages never share a line. */
+ * Two cache lines (128 bytes, aligned): page_of() is shifts only. The first line is the owner's (its fast paths
+ * write `free` and `used`); the second holds `thread_free`, which other threads CAS: remote frees never bounce
+ * the line the owner allocates from. */
 typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   block_t *free;                         /* owner's list: allocation pops, owner frees push (LIFO) */
-  _Atomic(block_t *) thread_free;        /* blocks freed by other threads (lock-free push) */
   _Atomic(struct heap_s *) heap;         /* owning heap of a small page; NULL when abandoned or not small */
   uint32_t used;                         /* blocks handed out and not yet back on `free` */
   uint32_t capacity;                     /* blocks carved into lists so far */
@@ -59,7 +60,7 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t block_size;
   uint8_t kind;                          /* PAGE_* */
   uint8_t size_class;
-  uint8_t in_full;                       /* small page parked on its heap's full list */
+  uint8_t in_full;                       /* parked on its heap's full list (written under the heap lock) */
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
   uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
@@ -67,6 +68,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
   uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
+  /* ---- second line ---- */
+  _Alignas(MLD_CACHE_LINE) _Atomic(block_t *) thread_free;   /* batches freed by other threads (lock-free push) */
   void *user;                            /* large block: the pointer handed out (checked on free) */
   size_t large_size;                     /* large block: requested usable size */
   uint64_t dirty_since;                  /* free span: when it became dirty, ms */
@@ -88,6 +91,7 @@ typedef struct segment_s {
 
 _Static_assert(sizeof(segment_t) <= MLD_SLOT_SIZE, "segment header fits its slot");
 _Static_assert(sizeof(page_t) == 128, "page descriptors are two cache lines");
+_Static_assert(offsetof(page_t, thread_free) == MLD_CACHE_LINE, "remote frees write the second line only");
 #define MLD_HUGE_HEADER (((sizeof(segment_t) + MLD_OS_PAGE - 1) / MLD_OS_PAGE) * MLD_OS_PAGE)
 
 static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }
@@ -140,10 +144,23 @@ typedef struct heap_stats_s {
 /* ---- thread heap ------------------------------------------------------------------------------------- */
 typedef struct page_list_s { page_t *head, *tail; } page_list_t;
 
+/* Remote frees are batched per destination page (outbox.c): one entry holds a chain of blocks of one page that
+ * this thread freed, sent with a single CAS when full, when its slot is needed for another page, or when flushed. */
+#define MLD_OUTBOX_SLOTS 32                               /* pages batched for at once (direct-mapped) */
+#define MLD_OUTBOX_BLOCKS 64                              /* a batch is sent when it holds this many blocks */
+#define MLD_OUTBOX_BYTES (8 * 1024)                       /* ... or this many bytes: pending <= 256 KiB a thread */
+#define MLD_OUTBOX_AGE 4096                               /* every this many remote frees, all batches are sent */
+#define MLD_BATCH_COUNT_SHIFT 48                          /* a batch's first block: tail | count << 48 (outbox.c) */
+typedef struct outbox_s {
+  page_t *page;                          /* destination page; NULL: slot empty */
+  block_t *head, *tail;                  /* the chain, linked through block->next */
+  uint32_t count, bytes;
+} outbox_t;
+
 typedef struct heap_s {
   page_t *current[MLD_NUM_CLASSES];      /* page allocated from; &mld_page_empty when none */
   page_list_t avail[MLD_NUM_CLASSES];    /* pages with (possibly) free blocks; head == current */
-  page_list_t full[MLD_NUM_CLASSES];     /* pages found full; swept for remote frees before taking new pages */
+  page_list_t full[MLD_NUM_CLASSES];     /* pages found full (parked); swept for remote frees before taking new pages */
   struct arena_s *arena;
   struct heap_s *next_all, *prev_all;    /* registry of live heaps */
   struct heap_s *next_free;              /* pool of recycled heap structs */
@@ -152,6 +169,16 @@ typedef struct heap_s {
   bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
   page_t *cache;                         /* empty pages kept for reuse */
   unsigned ncache;                       /* slots in the cache (at most opt.page_cache) */
+  /* The heap lock: the owner holds it in every slow path that changes its page lists or `current`; another
+   * thread takes it (trylock) to give back the parked pages of an idle owner (mld_heaps_sweep). The owner's
+   * fast paths never take it: they touch only `current` pages and pages holding their own live blocks. */
+  pthread_mutex_t lock;
+  /* Robust, held by the owning thread for the heap's whole life: if the thread ends without its destructor
+   * having run (first allocation in the last destructor round), the kernel marks it and a sweep abandons it. */
+  pthread_mutex_t life;
+  _Atomic(uint64_t) last_slow_ms;        /* the owner's last refill: a heap idle for a decay period is swept */
+  unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
+  outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
 } heap_t;
 
@@ -273,6 +300,11 @@ MLD_HIDDEN void mld_purge_fork_prepare(void);
 MLD_HIDDEN void mld_purge_fork_parent(void);
 MLD_HIDDEN void mld_purge_fork_child(void);
 
+/* outbox.c */
+MLD_HIDDEN void mld_outbox_add(heap_t *h, page_t *pg, block_t *b);
+MLD_HIDDEN void mld_outbox_flush(heap_t *h);
+MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n);
+
 /* page.c */
 extern page_t mld_page_empty MLD_HIDDEN;
 MLD_HIDDEN void mld_page_init(page_t *pg, unsigned cls, heap_t *h);
@@ -283,11 +315,17 @@ MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
 /* heap.c */
 extern __thread heap_t *mld_tls_heap MLD_HIDDEN;
 extern heap_t mld_heap_empty MLD_HIDDEN;
+extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
 MLD_HIDDEN void mld_free_slow(segment_t *seg, page_t *pg, void *p);
+MLD_HIDDEN void mld_free_parked(heap_t *h, page_t *pg, block_t *b);   /* owner free into a parked page */
 MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);
 MLD_HIDDEN heap_t *mld_heap_get(void);
 MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
+MLD_HIDDEN size_t mld_heaps_sweep(bool force);                    /* idle heaps' parked pages, exit heap, dead heaps */
+MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
+extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */
+MLD_HIDDEN void mld_sweep_want(void);
 MLD_HIDDEN void mld_heap_abandon(heap_t *h);
 MLD_HIDDEN void mld_heaps_lock(void);
 MLD_HIDDEN void mld_heaps_unlock(void);

@@ -64,7 +64,15 @@ size_t mld_page_collect_remote(page_t *pg) {
     n++;
   }
 #else
-  while (tail->next) { tail = tail->next; n++; }
+  /* Batch by batch (outbox.c): each batch's first block gives its last block and its length. */
+  n = 0;
+  for (block_t *b = list;;) {
+    uintptr_t meta = ((uintptr_t *)b)[1];
+    tail = (block_t *)(meta & (((uintptr_t)1 << MLD_BATCH_COUNT_SHIFT) - 1));
+    n += meta >> MLD_BATCH_COUNT_SHIFT;
+    if (!tail->next) break;
+    b = tail->next;
+  }
 #endif
   blk_set_next(pg, tail, pg->free);
   pg->free = list;

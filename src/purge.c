@@ -95,7 +95,8 @@ static bool bg_enabled(void) { return mld_opt.background_thread && mld_opt.dirty
 /* Is any dirty memory waiting, and when is the first of it due? Arena locks are taken (bg_lock, then arenas:
  * the order of the fork handlers). */
 static bool any_dirty(uint64_t *due) {
-  uint64_t best = mld_huge_cache_due();
+  uint64_t best = mld_huge_cache_due(), sweep = mld_sweep_due();
+  if (sweep && (!best || sweep < best)) best = sweep;
   bool dirty = best != 0;
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) {
@@ -149,6 +150,7 @@ static void *bg_main(void *arg) {
     }
     pthread_mutex_unlock(&bg_lock);
     atomic_fetch_add(&bg_wakeups, 1);
+    mld_heaps_sweep(false);   /* before purging: what it gives back starts its decay now */
     mld_purge_all(false);
   }
   return NULL;
