@@ -66,7 +66,7 @@ static inline void dealloc(void *p) {
     block_t *b = p;
     unsigned c = pg->size_class;
     if (unlikely(pg->in_full)) {           /* parked: a sweep may be at it, the locked path (heap.c) */
-      mld_free_parked(h, pg, b);
+      mld_free_parked(p);                  /* p alone: the fast path keeps it in its argument register */
       return;
     }
 #ifdef MALLARD_SECURE

@@ -436,7 +436,10 @@ void mld_page_retire(heap_t *h, page_t *pg) {
 
 /* The owner frees a block of one of its parked pages: under the heap lock, since a sweep may be giving the
  * page's remote frees back meanwhile (the fast path never writes a parked page). */
-void mld_free_parked(heap_t *h, page_t *pg, block_t *b) {
+void mld_free_parked(void *p) {
+  heap_t *h = mld_tls_heap;
+  page_t *pg = page_of(segment_of(p), p);
+  block_t *b = p;
   pthread_mutex_lock(&h->lock);
 #ifdef MALLARD_SECURE
   secure_owner_free(pg, b);

@@ -318,7 +318,7 @@ extern heap_t mld_heap_empty MLD_HIDDEN;
 extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
 MLD_HIDDEN void mld_free_slow(segment_t *seg, page_t *pg, void *p);
-MLD_HIDDEN void mld_free_parked(heap_t *h, page_t *pg, block_t *b);   /* owner free into a parked page */
+MLD_HIDDEN void mld_free_parked(void *p);          /* the owner frees a block of one of its parked pages */
 MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);
 MLD_HIDDEN heap_t *mld_heap_get(void);
 MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
