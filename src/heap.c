@@ -388,6 +388,7 @@ void *mld_exit_alloc(unsigned c) {
   if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
   pthread_mutex_unlock(&mld_exit_heap.lock);
   if (!b) errno = ENOMEM;
+  else mld_purge_thread_maybe_start();   /* its pages are returned by sweeps: an idle program needs the thread */
   return b;
 }
 

@@ -84,7 +84,7 @@ size_t mld_purge_all(bool force) {
 
 static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t bg_cond;
-static _Atomic(int) bg_started;           /* 0 not started, 1 started (or starting), -1 failed: do not retry */
+static _Atomic(int) bg_started;           /* 0 not started (or failed: retried after bg_retry_ms), 1 started or starting */
 static _Atomic(int) bg_idle;              /* the thread waits without a deadline */
 static _Atomic(int) bg_pending;           /* dirty memory appeared since the thread last looked */
 static _Atomic(uint64_t) bg_wakeups;
@@ -176,21 +176,40 @@ void mld_dirty_notify(void) {
   }
 }
 
-/* Allocation slow paths, at their end, no lock held: start the purging thread once it is worth having. */
-void mld_purge_thread_maybe_start(void) {
-  if (likely(atomic_load_explicit(&bg_started, memory_order_relaxed) != 0)) return;
-  if (!bg_enabled() || atomic_load(&bg_suspended) || mld_tls_exiting || atomic_load(&mld_initialized) != 2) return;
-  if (atomic_load_explicit(&mld_mapped_bytes, memory_order_relaxed) < BG_START_BYTES && !atomic_load(&bg_pending)) return;
-  int expect = 0;
-  if (!atomic_compare_exchange_strong(&bg_started, &expect, 1)) return;
-  pthread_t t;
+#define BG_RETRY_MS 1000
+static _Atomic(uint64_t) bg_retry_ms;    /* after a failed start: not before this time */
+
+/* The purging thread, detached; stack_size 0: the default. */
+static int bg_create(pthread_t *t, size_t stack_size) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&attr, 64 * 1024);
-  if (pthread_create(&t, &attr, bg_main, NULL) != 0) atomic_store(&bg_started, -1);
-  else pthread_setname_np(t, "mallard-purge");
+  if (stack_size) pthread_attr_setstacksize(&attr, stack_size);
+  int rc = pthread_create(t, &attr, bg_main, NULL);
   pthread_attr_destroy(&attr);
+  return rc;
+}
+
+/* Allocation slow paths, at their end, no lock held: start the purging thread once it is worth having. */
+void mld_purge_thread_maybe_start(void) {
+  if (likely(atomic_load_explicit(&bg_started, memory_order_relaxed) != 0)) return;
+  if (!bg_enabled() || atomic_load(&bg_suspended) || atomic_load(&mld_initialized) != 2) return;
+  if (atomic_load_explicit(&mld_mapped_bytes, memory_order_relaxed) < BG_START_BYTES && !atomic_load(&bg_pending)) return;
+  uint64_t retry = atomic_load_explicit(&bg_retry_ms, memory_order_relaxed);
+  if (retry && mld_now_ms() < retry) return;
+  int expect = 0;
+  if (!atomic_compare_exchange_strong(&bg_started, &expect, 1)) return;
+  pthread_t t;
+  /* A small stack first (the thread needs little); glibc carves the program's static TLS out of it, so a
+   * program with much static TLS gets EINVAL: then the default size. */
+  int rc = bg_create(&t, 64 * 1024);
+  if (rc != 0) rc = bg_create(&t, 0);
+  if (rc == 0) {
+    pthread_setname_np(t, "mallard-purge");
+    return;
+  }
+  atomic_store(&bg_retry_ms, mld_now_ms() + BG_RETRY_MS);   /* e.g. EAGAIN: tried again later, not never */
+  atomic_store(&bg_started, 0);
 }
 
 bool mld_purge_thread_running(void) { return atomic_load(&bg_started) == 1; }

@@ -154,4 +154,35 @@ static inline size_t mt_verify(const void *p, size_t n, uint64_t tag) {
   return n;
 }
 
+/* ---- memory-return helpers (VmRSS from /proc, heaps from mallard_ctl) ---- */
+/* Waits up to `secs` without calling the allocator until VmRSS is at most `limit`; returns the last VmRSS. */
+static inline long mt_wait_rss(long limit, double secs) {
+  double t0 = mt_now();
+  long rss = mt_status_kb("VmRSS:");
+  while (rss > limit && mt_now() - t0 < secs) {
+    usleep(50 * 1000);
+    rss = mt_status_kb("VmRSS:");
+  }
+  return rss;
+}
+
+/* "Back near the start": 10% of the starting RSS plus `slack_kb`. */
+static inline long mt_rss_limit(long rss0, long slack_kb) { return rss0 + rss0 / 10 + slack_kb; }
+
+/* Heaps attached to arenas (live threads' heaps), summed over the arenas. */
+static inline unsigned mt_live_heaps(void) {
+  unsigned n = 0, total = 0;
+  size_t len = sizeof n;
+  REQUIRE(MT_CTL("arenas.narenas", &n, &len, NULL, 0) == 0 && len == sizeof n, "arenas.narenas");
+  for (unsigned i = 0; i < n; i++) {
+    char name[64];
+    unsigned t = 0;
+    len = sizeof t;
+    snprintf(name, sizeof name, "stats.arenas.%u.nthreads", i);
+    REQUIRE(MT_CTL(name, &t, &len, NULL, 0) == 0 && len == sizeof t, "%s", name);
+    total += t;
+  }
+  return total;
+}
+
 #endif

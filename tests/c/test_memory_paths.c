@@ -12,19 +12,6 @@
 #define KiB ((size_t)1024)
 #define MiB ((size_t)1024 * 1024)
 
-/* Waits up to `secs` without calling the allocator until VmRSS is at most `limit`; returns the last VmRSS. */
-static long wait_rss(long limit, double secs) {
-  double t0 = mt_now();
-  long rss = mt_status_kb("VmRSS:");
-  while (rss > limit && mt_now() - t0 < secs) {
-    usleep(50 * 1000);
-    rss = mt_status_kb("VmRSS:");
-  }
-  return rss;
-}
-
-static long limit_from(long rss0, long slack_kb) { return rss0 + rss0 / 10 + slack_kb; }
-
 /* ---- abandoned: 4 threads fill 128 MiB with small blocks, hand them over and exit; main frees them all ---- */
 enum { AB_THREADS = 4 };
 #define AB_BYTES (32 * MiB)
@@ -63,8 +50,8 @@ static void case_abandoned(void) {
     for (size_t k = 0; k < ab_count[i]; k++) M_free(ab_blocks[i][k]);   /* remote frees into abandoned pages */
     munmap(ab_blocks[i], AB_BYTES / 64 * sizeof(void *));
   }
-  long limit = limit_from(rss0, 16 * 1024);
-  long rss = wait_rss(limit, 5.0);
+  long limit = mt_rss_limit(rss0, 16 * 1024);
+  long rss = mt_wait_rss(limit, 5.0);
   printf("abandoned: VmRSS start %ld KiB, peak %ld KiB, 5 s after the last free %ld KiB (limit %ld KiB)\n", rss0, peak,
          rss, limit);
   CHECK(peak > rss0 + 100 * 1024, "the blocks were not resident (peak %ld KiB)", peak);
@@ -85,10 +72,10 @@ static void case_huge(bool with_bg) {
   }
   long peak = mt_status_kb("VmRSS:");
   for (int i = 0; i < N; i++) M_free(b[i]);
-  long limit = limit_from(rss0, 16 * 1024);
+  long limit = mt_rss_limit(rss0, 16 * 1024);
   long rss;
   if (with_bg) {
-    rss = wait_rss(limit, 5.0);
+    rss = mt_wait_rss(limit, 5.0);
   } else {
     /* No purging thread: after the decay delay, allocator calls on the slow paths must age the cache. */
     usleep(1200 * 1000);
@@ -124,31 +111,16 @@ static void *tls_thread(void *arg) {
   return NULL;
 }
 
-static unsigned live_heaps(void) {
-  unsigned n = 0, total = 0;
-  size_t len = sizeof n;
-  REQUIRE(MT_CTL("arenas.narenas", &n, &len, NULL, 0) == 0 && len == sizeof n, "arenas.narenas");
-  for (unsigned i = 0; i < n; i++) {
-    char name[64];
-    unsigned t = 0;
-    len = sizeof t;
-    snprintf(name, sizeof name, "stats.arenas.%u.nthreads", i);
-    REQUIRE(MT_CTL(name, &t, &len, NULL, 0) == 0 && len == sizeof t, "%s", name);
-    total += t;
-  }
-  return total;
-}
-
 static void case_tls_heaps(void) {
   REQUIRE(pthread_key_create(&key, destructor) == 0, "pthread_key_create");
   M_free(M_malloc(1));
-  unsigned before = live_heaps();
+  unsigned before = mt_live_heaps();
   for (int i = 0; i < 300; i++) {
     pthread_t t;
     REQUIRE(!pthread_create(&t, NULL, tls_thread, NULL), "create");
     pthread_join(t, NULL);
   }
-  unsigned after = live_heaps();
+  unsigned after = mt_live_heaps();
   printf("tls-heaps: heaps attached to arenas before %u, after 300 threads %u\n", before, after);
   CHECK(after <= before + 2, "threads allocating in their last TLS destructor round left %u heaps behind",
         after - before);
