@@ -35,6 +35,7 @@ struct producer {
 struct consumer {
   struct queue *q;
   long size;
+  int alloc_on_purpose; /* -m alloc-in-consumer: the test's deliberate fault, which the nomalloc shim must catch */
   long objects, batches;
 };
 
@@ -116,6 +117,7 @@ static void *consume(void *arg) {
     c->objects += b->count;
     c->batches++;
     free(b);
+    if (c->alloc_on_purpose) free(xmalloc(16));
   }
 }
 
@@ -124,7 +126,15 @@ int main(int argc, char **argv) {
   struct bench_opts o = {.threads = 2, .iters = 1000000, .size = 64, .seed = 1, .wait_ms = 64};
   bench_parse(argc, argv, &o,
               "xstorm: -t threads (max(1, t/2) producers, the rest (at least 1) consumers), -n objects in all, "
-              "-s object size (0: mixed 8-2048 B), -w objects per batch");
+              "-s object size (0: mixed 8-2048 B), -w objects per batch; -m alloc-in-consumer (tests only) makes "
+              "consumers allocate, which they never do otherwise");
+  int alloc_on_purpose = 0;
+  if (o.mode && strcmp(o.mode, "alloc-in-consumer") == 0) {
+    alloc_on_purpose = 1;
+  } else if (o.mode) {
+    fprintf(stderr, "xstorm: unknown mode -m %s\n", o.mode);
+    return 2;
+  }
   if (o.size > 1 << 20) {
     fprintf(stderr, "xstorm: -s %ld is not a small object size\n", o.size);
     return 2;
@@ -142,7 +152,7 @@ int main(int argc, char **argv) {
     ps[i] = (struct producer){.q = &q, .batch = batch, .size = o.size, .rng = rng_seed(o.seed, (uint64_t)i),
                               .objects = o.iters / np + (i < o.iters % np ? 1 : 0)};
   }
-  for (int i = 0; i < nc; i++) cs[i] = (struct consumer){.q = &q, .size = o.size};
+  for (int i = 0; i < nc; i++) cs[i] = (struct consumer){.q = &q, .size = o.size, .alloc_on_purpose = alloc_on_purpose};
 
   double t0 = now_s();
   for (int i = 0; i < nc; i++) xpthread_create(&th[np + i], consume, &cs[i]);
