@@ -324,15 +324,17 @@ def callgrind_counts(allocs, bins: Path, sizes=(16, 64, 256, 1024, 8192), n1=200
 def resolve_allocators(spec: str, found: list) -> list:
     """--allocators: names from `mallard list` or paths to .so files (a path is named after its file: libfoo.so is
     foo); a name that repeats gets -2, -3, ... so every allocator of a run has its own row. Raises UnknownAllocator."""
-    allocs, seen = [], {}
+    allocs: list = []
     for x in [x.strip() for x in spec.split(",") if x.strip()]:
         al = alloc_mod.resolve(x, found)
-        if al.name in seen:
-            seen[al.name] += 1
-            al = alloc_mod.Allocator(f"{al.name}-{seen[al.name]}", al.path, al.version)
-            print(f"bench: a second allocator named {al.name.rsplit('-', 1)[0]} ({x}) is called {al.name}",
-                  file=sys.stderr)
-        seen.setdefault(al.name, 1)
+        taken = {y.name for y in allocs}
+        name, k = al.name, 1
+        while name in taken:
+            k += 1
+            name = f"{al.name}-{k}"
+        if name != al.name:
+            print(f"bench: a second allocator named {al.name} ({x}) is called {name}", file=sys.stderr)
+            al = alloc_mod.Allocator(name, al.path, al.version)
         allocs.append(al)
     return allocs
 
@@ -445,6 +447,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.mode != "scaling" and (a.docs_section or a.docs_file):
         print("bench: --docs-section and --docs-file belong to the scaling mode", file=sys.stderr)
+        return 2
+    if a.mode == "scaling" and a.docs:
+        print("bench: the scaling mode never rewrites docs/PERFORMANCE.md; --docs-section NAME writes one section",
+              file=sys.stderr)
         return 2
     if a.docs_section and not mbench_scaling.SECTION_NAME.match(a.docs_section):
         print(f"bench: --docs-section {a.docs_section!r}: letters, digits, '.', '_' and '-' only", file=sys.stderr)

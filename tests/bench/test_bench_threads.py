@@ -208,6 +208,10 @@ def test_allocator_paths_are_named_after_their_file(runner, tmp_path):
     allocs = runner.resolve_allocators(f"glibc,{lib.path},{copy},{copy}", found)
     assert [a.name for a in allocs] == ["glibc", lib.name, "foo", "foo-2"]
     assert allocs[2].path == allocs[3].path == str(copy)
+    other = tmp_path / "libfoo-2.so"
+    shutil.copy(lib.path, other)
+    names = [a.name for a in runner.resolve_allocators(f"{copy},{other},{copy}", found)]
+    assert names == ["foo", "foo-2", "foo-3"]
 
 
 def test_scaling_mode_end_to_end(tmp_path, bins):
@@ -254,6 +258,9 @@ def test_scaling_refuses_other_workloads_and_docs_flags_elsewhere(tmp_path, bins
     r = subprocess.run([*run, "smoke", "--docs-section", "x", "--out", str(tmp_path)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "scaling" in r.stderr, r.stderr
+    r = subprocess.run([*run, "scaling", "--docs", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "never rewrites" in r.stderr, r.stderr
 
 
 def test_scaling_keeps_to_the_thread_counts_asked_for(tmp_path, bins):
