@@ -27,6 +27,25 @@ def _geomean(xs: list) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def run_times(cell: dict, run: dict) -> tuple:
+    """(wall, CPU) of one successful run as the tables compare them: the process's own seconds, except for a
+    fixed-time workload (server), whose run time is set in advance: there both are seconds per million of its
+    operations (its RESULT's seconds and the process's CPU time, each divided by its operations), so that lower is
+    better in every time table and every ratio."""
+    if not cell.get("fixed_time"):
+        return run["wall_s"], run["cpu_s"]
+    ops = run["metrics"].get("ops") or 0
+    secs = run["metrics"].get("seconds")
+    if ops <= 0 or secs is None:
+        return None, None
+    return 1e6 * secs / ops, (1e6 * run["cpu_s"] / ops if run["cpu_s"] is not None else None)
+
+
+PER_MOP_NOTE = ("†: a fixed-time workload (it runs for a set time and counts what it gets done): its time entries are "
+                "seconds per million operations (1e6 / ops_per_s; CPU: CPU seconds / operations × 1e6), not the "
+                "length of the run, so lower is better there too.")
+
+
 def summarize(raw: dict, peers: tuple) -> dict:
     """Per cell and allocator: status, median/min/max of wall, CPU and peak RSS, median figures, ratios to best peer."""
     allocs = raw["allocators"]
@@ -51,9 +70,9 @@ def summarize(raw: dict, peers: tuple) -> dict:
                     figs[k] = statistics.median(vals)
                 elif all(isinstance(v, list) for v in vals) and len({len(v) for v in vals}) == 1:
                     figs[k] = [statistics.median(col) for col in zip(*vals)]
-            per[name] = {"ok": True, "wall": _stats([r["wall_s"] for r in runs]),
-                         "cpu": _stats([r["cpu_s"] for r in runs]), "rss": _stats([r["max_rss_kib"] for r in runs]),
-                         "figures": figs}
+            times = [run_times(c, r) for r in runs]
+            per[name] = {"ok": True, "wall": _stats([w for w, _ in times]), "cpu": _stats([u for _, u in times]),
+                         "rss": _stats([r["max_rss_kib"] for r in runs]), "figures": figs}
         for metric in ("wall", "cpu", "rss"):
             best_name, best = None, None
             for p in peers:
@@ -65,7 +84,8 @@ def summarize(raw: dict, peers: tuple) -> dict:
                     s[metric]["ratio"] = s[metric]["median"] / best
                     s[metric]["best_peer"] = best_name
         cells[c["id"]] = {"workload": c["workload"], "threads": c["threads"], "timed": c["timed"],
-                          "stresses": c["stresses"], "figures": c["figures"], "per": per}
+                          "fixed_time": bool(c.get("fixed_time")), "stresses": c["stresses"],
+                          "figures": c["figures"], "per": per}
 
     geo = {}
     for name in allocs:
@@ -155,7 +175,7 @@ def _metric_table(raw: dict, summary: dict, metric: str, scale: float = 1.0, uni
     for cid, cl in summary["cells"].items():
         if metric != "rss" and not cl["timed"]:
             continue
-        row = [cid]
+        row = [cid + (" †" if cl.get("fixed_time") and metric != "rss" else "")]
         best = min((s[metric]["median"] for s in cl["per"].values() if s["ok"]), default=None)
         for a in allocs:
             s = cl["per"][a]
@@ -182,9 +202,13 @@ def markdown(raw: dict, summary: dict) -> str:
            f". {m['python']}, SQLite {m['sqlite']}, Redis {m['redis']}, git {m['git']}.", "",
            f"Command: `{raw['command']}`", "",
            f"{raw['repeats']} interleaved repeats per allocator and cell; each entry is the median (min–max) and "
-           "×ratio to the best of the peers (" + ", ".join(a for a in allocs if not a.startswith("mallard")) +
+           "×ratio to the best of the peers (" + ", ".join(a for a in allocs if a in raw.get("peers", allocs)
+                                                   and not a.startswith("mallard")) +
            "); the best median of a row is bold. FAIL: at least one run crashed, timed out or failed its own "
-           "check (see Failures).", ""]
+           "check (see Failures)."]
+    if any(cl.get("fixed_time") for cl in summary["cells"].values()):
+        out[-1] += " " + PER_MOP_NOTE
+    out += [""]
     out += ["## Wall time (s)", "", _metric_table(raw, summary, "wall"), ""]
     out += ["## CPU time, user + system (s)", "", _metric_table(raw, summary, "cpu"), ""]
     out += ["## Peak RSS (MiB)", "", _metric_table(raw, summary, "rss", 1 / 1024, "MiB"), ""]

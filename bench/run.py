@@ -28,14 +28,17 @@ except ImportError:  # the venv lacks `pip install -e tools/mallard`: use the so
 
 import mbench_programs  # noqa: E402
 import mbench_report  # noqa: E402
+import mbench_scaling  # noqa: E402
 
 # The peers Mallard is compared against; "best peer" is the fastest (or leanest) of these in each cell.
 PEERS = ("glibc", "jemalloc", "mimalloc", "tcmalloc")
 # Mallard's variants compared by default (others, e.g. a no-statistics build, only with --allocators).
 MALLARD = ("mallard", "mallard-secure")
-MODES = ("smoke", "quick", "full")
-REPEATS = {"smoke": 1, "quick": 3, "full": 5}
-TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180}
+MODES = ("smoke", "quick", "full", "scaling")
+REPEATS = {"smoke": 1, "quick": 3, "full": 5, "scaling": 3}
+TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180}
+# The scaling mode's workloads: every one moves objects between threads.
+SCALING_WORKLOADS = ("xstorm", "server", "localremote", "larson", "prodcons")
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Cell:
     stresses: str = ""             # what the workload exercises: used to explain where an allocator is behind
     timed: bool = True             # False: a memory-only study whose time is not a speed figure
     figures: tuple = ()            # the workload's own RESULT fields worth tabulating
+    fixed_time: bool = False       # runs for a set time: its time figures are per million of its operations
 
     @property
     def id(self) -> str:
@@ -56,12 +60,16 @@ class Cell:
 
 
 def thread_counts(mode: str) -> list[int]:
-    """1, 2 and 4 threads here; on machines with more cores, powers of two up to the core count as well."""
+    """1, 2 and 4 threads here; on machines with more cores, powers of two up to the core count as well
+    (scaling: powers of two up to 8 or the core count, whichever is more)."""
     if mode == "smoke":
         return [2]
     if mode == "quick":
         return [2]
     cores = os.cpu_count() or 1
+    if mode == "scaling":
+        top = max(8, cores)
+        return [1 << i for i in range(top.bit_length()) if 1 << i <= top]
     counts = [1, 2, 4]
     t = 8
     while t <= cores:
@@ -90,6 +98,20 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
     for t in many:
         cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 1000000, 3000000) // max(1, t // 2))],
                           stresses="every free is a remote free (cross-thread free path)", figures=("ops_per_s",)))
+    # xstorm at -t 1 still runs one producer and one consumer, so it starts at 2 threads like prodcons.
+    for t in many:
+        cells.append(Cell("xstorm", t, "c", ["-t", str(t), "-n", str(pick(2000, 2000000, 4000000)), "-s", "64"],
+                          stresses="many producers to many consumers: batches freed by threads that never allocate",
+                          figures=("ops_per_s",)))
+    for t in tc:
+        cells.append(Cell("server", t, "c", ["-t", str(t), "-w", str(pick(100, 1000, 1000)), "-s", "1000",
+                                              "-n", "10000"],
+                          stresses="fixed-time server: random 16-1000 B replacements, slot arrays traded between "
+                                   "threads", figures=("ops_per_s",), fixed_time=True))
+    for t in tc:
+        cells.append(Cell("localremote", t, "c", ["-t", str(t), "-n", str(pick(2000, 4000000, 8000000)), "-m", "50",
+                                                   "-s", "64"],
+                          stresses="half the frees local, half by the next thread of a ring", figures=("ops_per_s",)))
     for name in ("cache-scratch", "cache-thrash"):
         for t in tc:
             cells.append(Cell(name, t, "c", ["-t", str(t), "-n", str(pick(200, 200000, 800000) // t), "-s", "8",
@@ -210,6 +232,9 @@ def run_once(cell: Cell, alloc, bins: Path, timeout: float) -> dict:
         if cell.kind == "sqlite" and res.get("ok") != 1:
             rec["error"] = f"wrong SQLite result: {res}"
             return rec
+        if cell.fixed_time and not (res.get("ops", 0) > 0 and res.get("seconds", 0) > 0):
+            rec["error"] = f"no operations completed in the set time: {res}"
+            return rec
         rec["metrics"] = {k: v for k, v in res.items() if isinstance(v, (int, float, list)) and not isinstance(v, bool)}
         rec["ok"] = True
     except subprocess.TimeoutExpired:
@@ -296,15 +321,122 @@ def callgrind_counts(allocs, bins: Path, sizes=(16, 64, 256, 1024, 8192), n1=200
     return out
 
 
+def resolve_allocators(spec: str, found: list) -> list:
+    """--allocators: names from `mallard list` or paths to .so files (a path is named after its file: libfoo.so is
+    foo); a name that repeats gets -2, -3, ... so every allocator of a run has its own row. Raises UnknownAllocator."""
+    allocs: list = []
+    for x in [x.strip() for x in spec.split(",") if x.strip()]:
+        al = alloc_mod.resolve(x, found)
+        taken = {y.name for y in allocs}
+        name, k = al.name, 1
+        while name in taken:
+            k += 1
+            name = f"{al.name}-{k}"
+        if name != al.name:
+            print(f"bench: a second allocator named {al.name} ({x}) is called {name}", file=sys.stderr)
+            al = alloc_mod.Allocator(name, al.path, al.version)
+        allocs.append(al)
+    return allocs
+
+
+def run_cells(cells: list, allocs: list, bins: Path, repeats: int, timeout: float, prog, task, t_start: float) -> list:
+    """Runs every cell under every allocator, interleaved and repeated; returns the cells' raw entries."""
+    entries = []
+    for cell in cells:
+        runs = {x.name: [] for x in allocs}
+        # Interleaved: A B C A B C ..., rotating the starting allocator so no one always goes first.
+        for rep in range(repeats):
+            order = allocs[rep % len(allocs):] + allocs[:rep % len(allocs)]
+            for al in order:
+                prog.update(task, description=f"{cell.id:<22} {al.name:<14}")
+                runs[al.name].append(run_once(cell, al, bins, timeout))
+                prog.advance(task)
+        entries.append({**asdict(cell), "id": cell.id, "runs": runs,
+                        "repro": {x.name: repro(cell, x, bins) for x in allocs}})
+        if not sys.stderr.isatty():  # a log file gets one line per cell instead of the progress bar
+            print(f"bench: {cell.id} done at {time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
+        fails = [f"{n}: {r['error']}" for n, rs in runs.items() for r in rs if not r["ok"]]
+        for f in fails[:3]:
+            print(f"bench: {cell.id} failed under {f}", file=sys.stderr)
+    return entries
+
+
+def progress_bar():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=False, disable=not sys.stderr.isatty())
+
+
+def run_scaling(a, allocs: list, bins: Path, peers: tuple, out_dir: Path, stamp: str, command: str) -> int:
+    """The scaling mode: the cross-thread workloads at each thread count; results.md holds one grid per workload."""
+    only = [w.strip() for w in a.workloads.split(",")] if a.workloads else list(SCALING_WORKLOADS)
+    unknown = [w for w in only if w not in SCALING_WORKLOADS]
+    if unknown:
+        print(f"bench: scaling runs only {', '.join(SCALING_WORKLOADS)}; not {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    threads = [int(t) for t in a.threads.split(",")] if a.threads else thread_counts("scaling")
+    cells = plan(a.sizes, Path(tempfile.gettempdir()) / "mallard-bench-data", only, threads)
+    # plan() runs the paired workloads (two threads at least) at 2 threads when none of the counts reaches 2.
+    cells = [c for c in cells if c.threads in threads]
+    if not cells:
+        print(f"bench: nothing to run at threads {threads} (xstorm and prodcons need 2 at least)", file=sys.stderr)
+        return 2
+    # Workloads in the order asked for, thread counts ascending.
+    cells.sort(key=lambda c: (only.index(c.workload), c.threads))
+    repeats = a.repeats or REPEATS["scaling"]
+    timeout = TIMEOUT_S["scaling"]
+    raw = {"mode": "scaling", "sizes": a.sizes, "repeats": repeats, "command": command, "started": stamp,
+           "machine": machine_info(allocs), "allocators": [x.name for x in allocs], "peers": list(peers),
+           "threads": threads, "cells": []}
+    t_start = time.monotonic()
+    with progress_bar() as prog:
+        task = prog.add_task("scaling", total=len(cells) * len(allocs) * repeats)
+        raw["cells"] = run_cells(cells, allocs, bins, repeats, timeout, prog, task, t_start)
+    raw["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    summary = mbench_scaling.summarize(raw, peers)
+    raw["summary"] = {w: {str(t): per for t, per in per_t.items()} for w, per_t in summary.items()}
+    (out_dir / "raw.json").write_text(json.dumps(raw, indent=1))
+    (out_dir / "results.md").write_text(mbench_scaling.markdown(raw, summary, level=1, peers=peers))
+    plot = mbench_scaling.plot(raw, summary, out_dir) if a.plots else None
+    note = ""
+    if a.docs_section:
+        doc = Path(a.docs_file) if a.docs_file else REPO / "docs" / "PERFORMANCE.md"
+        mbench_scaling.write_docs_section(doc, a.docs_section,
+                                          mbench_scaling.markdown(raw, summary, level=2, peers=peers))
+        note = f"; section {a.docs_section} of {doc} written"
+    failed = [(w, t, n) for w, per_t in summary.items() for t, per in per_t.items() for n, s in per.items()
+              if not s["ok"]]
+    print(f"bench: scaling, {len(cells)} cells x {len(allocs)} allocators x {repeats} repeats in {raw['elapsed_s']} s;"
+          f" results in {out_dir} ({plot.name if plot else 'no plot'}){note}")
+    if failed:
+        print(f"bench: {len(failed)} failed cell(s); see the Failures section of {out_dir / 'results.md'}",
+              file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example: .venv/bin/python bench/run.py quick --allocators glibc,mimalloc")
-    ap.add_argument("mode", choices=MODES, help="smoke: tiny CI check; quick: < 3 min; full: < 25 min, rewrites docs")
-    ap.add_argument("--allocators", help="comma-separated names or .so paths (default: every one discover() finds)")
-    ap.add_argument("--repeats", type=int, help="repeats per allocator and cell (default: quick 3, full 5)")
-    ap.add_argument("--out", help="results folder (default: results/<timestamp>)")
+                                 epilog="Example: .venv/bin/python bench/run.py quick --allocators glibc,mimalloc\n"
+                                        "         .venv/bin/python bench/run.py scaling --threads 1,2,4,8,16 "
+                                        "--allocators glibc,mallard,/work/peers/lib/libsnmallocshim.so")
+    ap.add_argument("mode", choices=MODES, help="smoke: tiny CI check; quick: < 3 min; full: < 25 min, rewrites docs; "
+                                                "scaling: the cross-thread workloads at each of --threads")
+    ap.add_argument("--allocators", help="comma-separated names or .so paths (default: every one discover() finds); "
+                                         "a path is named after its file (libfoo.so: foo)")
+    ap.add_argument("--peers", help="allocators whose best median is the 1.00 of the ratios (default: "
+                                    + ",".join(PEERS) + "; any names of this run)")
+    ap.add_argument("--repeats", type=int, help="repeats per allocator and cell (default: quick 3, full 5, scaling 3)")
+    ap.add_argument("--out", help="results folder (default: results/<timestamp>-<mode>)")
     ap.add_argument("--workloads", help="comma-separated workload names or ids (e.g. larson,mixed/t2)")
-    ap.add_argument("--threads", help="comma-separated thread counts (default: 1,2,4 and more on bigger machines)")
+    ap.add_argument("--threads", help="comma-separated thread counts (default: 1,2,4 and more on bigger machines; "
+                                      "scaling: powers of two up to 8 or the core count)")
+    ap.add_argument("--sizes", choices=("smoke", "quick", "full"), default="quick",
+                    help="scaling: the problem sizes of this mode (default quick)")
+    ap.add_argument("--docs-section", metavar="NAME",
+                    help="scaling: also write the tables between <!-- scaling:NAME begin --> and <!-- scaling:NAME "
+                         "end --> of docs/PERFORMANCE.md (replacing that section, or appending it)")
+    ap.add_argument("--docs-file", metavar="PATH", help="the page --docs-section writes (default docs/PERFORMANCE.md)")
     ap.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
                     help="callgrind instruction counts per pair (default: on in full mode)")
     ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
@@ -313,17 +445,28 @@ def main(argv=None) -> int:
                                       "else build/bin)")
     ap.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write matplotlib plots")
     a = ap.parse_args(argv)
+    if a.mode != "scaling" and (a.docs_section or a.docs_file):
+        print("bench: --docs-section and --docs-file belong to the scaling mode", file=sys.stderr)
+        return 2
+    if a.mode == "scaling" and a.docs:
+        print("bench: the scaling mode never rewrites docs/PERFORMANCE.md; --docs-section NAME writes one section",
+              file=sys.stderr)
+        return 2
+    if a.docs_section and not mbench_scaling.SECTION_NAME.match(a.docs_section):
+        print(f"bench: --docs-section {a.docs_section!r}: letters, digits, '.', '_' and '-' only", file=sys.stderr)
+        return 2
 
     found = alloc_mod.discover()
     if a.allocators:
         try:
-            allocs = [alloc_mod.resolve(x.strip(), found) for x in a.allocators.split(",") if x.strip()]
+            allocs = resolve_allocators(a.allocators, found)
         except alloc_mod.UnknownAllocator as e:
             print(f"bench: {e}", file=sys.stderr)
             return 2
     else:
         # glibc, the three other peers and Mallard's variants; other discovered libraries only when asked for.
         allocs = [x for x in found if x.name in PEERS + MALLARD]
+    peers = tuple(p.strip() for p in a.peers.split(",") if p.strip()) if a.peers else PEERS
     bins = Path(a.bin_dir).resolve() if a.bin_dir else bin_dir()
     if not measure.helper_path():
         print("bench: warning: mallard-measure (built with tools/tracer) not found; peak RSS of small runs will "
@@ -333,12 +476,18 @@ def main(argv=None) -> int:
         print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "
               f"(or set MALLARD_BUILD_DIR)", file=sys.stderr)
         return 2
-    repeats = a.repeats or REPEATS[a.mode]
-    only = [w.strip() for w in a.workloads.split(",")] if a.workloads else None
-    threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(a.out) if a.out else REPO / "results" / f"{stamp}-{a.mode}"
     out_dir.mkdir(parents=True, exist_ok=True)
+    command = "cd " + str(REPO) + " && " + " ".join(shlex.quote(x) for x in [
+        os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable,
+        os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])])
+    if a.mode == "scaling":
+        return run_scaling(a, allocs, bins, peers, out_dir, stamp, command)
+
+    repeats = a.repeats or REPEATS[a.mode]
+    only = [w.strip() for w in a.workloads.split(",")] if a.workloads else None
+    threads = [int(t) for t in a.threads.split(",")] if a.threads else None
     data_dir = Path(tempfile.gettempdir()) / "mallard-bench-data"
     data_dir.mkdir(parents=True, exist_ok=True)
     cells = plan(a.mode, data_dir, only, threads)
@@ -362,36 +511,14 @@ def main(argv=None) -> int:
     timeout = TIMEOUT_S[a.mode]
     fp_iters = {"smoke": 20000, "quick": 2000000, "full": 5000000}[a.mode]
 
-    command = "cd " + str(REPO) + " && " + " ".join(shlex.quote(x) for x in [
-        os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable,
-        os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])])
     raw = {"mode": a.mode, "repeats": repeats, "command": command, "started": stamp,
-           "machine": machine_info(allocs), "allocators": [a_.name for a_ in allocs],
+           "machine": machine_info(allocs), "allocators": [a_.name for a_ in allocs], "peers": list(peers),
            "cells": [], "fastpath": {}, "callgrind": None}
     total = len(cells) * len(allocs) * repeats + len(allocs) * repeats
     t_start = time.monotonic()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=False, disable=not sys.stderr.isatty()) as prog:
+    with progress_bar() as prog:
         task = prog.add_task("benchmarks", total=total)
-        for cell in cells:
-            runs = {x.name: [] for x in allocs}
-            # Interleaved: A B C A B C ..., rotating the starting allocator so no one always goes first.
-            for rep in range(repeats):
-                order = allocs[rep % len(allocs):] + allocs[:rep % len(allocs)]
-                for al in order:
-                    prog.update(task, description=f"{cell.id:<22} {al.name:<14}")
-                    runs[al.name].append(run_once(cell, al, bins, timeout))
-                    prog.advance(task)
-            entry = {**asdict(cell), "id": cell.id, "runs": runs,
-                     "repro": {x.name: repro(cell, x, bins) for x in allocs}}
-            raw["cells"].append(entry)
-            if not sys.stderr.isatty():  # a log file gets one line per cell instead of the progress bar
-                print(f"bench: {cell.id} done at {time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
-            fails = [f"{n}: {r['error']}" for n, rs in runs.items() for r in rs if not r["ok"]]
-            for f in fails[:3]:
-                print(f"bench: {cell.id} failed under {f}", file=sys.stderr)
+        raw["cells"] = run_cells(cells, allocs, bins, repeats, timeout, prog, task, t_start)
         if not only or "fastpath" in only:
             prog.update(task, description="fastpath")
             raw["fastpath"] = fastpath_runs(allocs, bins, repeats, fp_iters, timeout, lambda: prog.advance(task))
@@ -399,7 +526,7 @@ def main(argv=None) -> int:
         print("bench: callgrind instruction counts ...", file=sys.stderr)
         raw["callgrind"] = callgrind_counts(allocs, bins)
     raw["elapsed_s"] = round(time.monotonic() - t_start, 1)
-    summary = mbench_report.summarize(raw, PEERS)
+    summary = mbench_report.summarize(raw, peers)
     raw["summary"] = summary
     (out_dir / "raw.json").write_text(json.dumps(raw, indent=1))
     md = mbench_report.markdown(raw, summary)
