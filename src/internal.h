@@ -48,31 +48,32 @@ struct heap_s;
 struct arena_s;
 
 /* A page descriptor: one per slot; a span's first slot describes it, its other slots hold `offset` back to it.
- * Two cache lines (128 bytes, aligned): page_of() is shifts only. The first line is the owner's (its fast paths
- * write `free` and `used`); the second holds `thread_free`, which other threads CAS: remote frees never bounce
- * the line the owner allocates from. */
+ * Two cache lines (128 bytes, aligned): page_of() is shifts only. The first line is read by every thread that
+ * frees into the page and written rarely (page set-up, parking, once per remote batch); the second holds what
+ * the owner's fast paths write on every call (`free`, `used`). A thread freeing blocks of another thread's page
+ * never reads a line that the owner is writing block by block. */
 typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
-  block_t *free;                         /* owner's list: allocation pops, owner frees push (LIFO) */
   _Atomic(struct heap_s *) heap;         /* owning heap of a small page; NULL when abandoned or not small */
-  uint32_t used;                         /* blocks handed out and not yet back on `free` */
-  uint32_t capacity;                     /* blocks carved into lists so far */
-  uint32_t reserved;                     /* blocks that fit in the page */
+  _Atomic(block_t *) thread_free;        /* batches freed by other threads (lock-free push, outbox.c) */
   uint32_t block_size;
+  uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
+  uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
   uint8_t kind;                          /* PAGE_* */
   uint8_t size_class;
   uint8_t in_full;                       /* parked on its heap's full list (written under the heap lock) */
+  uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
-  uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
   uint8_t pad_[2];
-  uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
-  uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
-  struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
-  /* ---- second line ---- */
-  _Alignas(MLD_CACHE_LINE) _Atomic(block_t *) thread_free;   /* batches freed by other threads (lock-free push) */
   void *user;                            /* large block: the pointer handed out (checked on free) */
   size_t large_size;                     /* large block: requested usable size */
   uint64_t dirty_since;                  /* free span: when it became dirty, ms */
+  /* ---- second line: the owner's ---- */
+  _Alignas(MLD_CACHE_LINE) block_t *free;   /* owner's list: allocation pops, owner frees push (LIFO) */
+  uint32_t used;                         /* blocks handed out and not yet back on `free` */
+  uint32_t capacity;                     /* blocks carved into lists so far */
+  uint32_t reserved;                     /* blocks that fit in the page */
+  struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
@@ -91,7 +92,8 @@ typedef struct segment_s {
 
 _Static_assert(sizeof(segment_t) <= MLD_SLOT_SIZE, "segment header fits its slot");
 _Static_assert(sizeof(page_t) == 128, "page descriptors are two cache lines");
-_Static_assert(offsetof(page_t, thread_free) == MLD_CACHE_LINE, "remote frees write the second line only");
+_Static_assert(offsetof(page_t, dirty_since) < MLD_CACHE_LINE && offsetof(page_t, free) == MLD_CACHE_LINE,
+               "what other threads read, and what the owner writes on every call, are on separate lines");
 #define MLD_HUGE_HEADER (((sizeof(segment_t) + MLD_OS_PAGE - 1) / MLD_OS_PAGE) * MLD_OS_PAGE)
 
 static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }
