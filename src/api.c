@@ -64,7 +64,6 @@ static inline void dealloc(void *p) {
   if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
     /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
     block_t *b = p;
-    unsigned c = pg->size_class;
     if (unlikely(pg->in_full)) {           /* parked: a sweep may be at it, the locked path (heap.c) */
       mld_free_parked(p);                  /* p alone: the fast path keeps it in its argument register */
       return;
@@ -76,10 +75,10 @@ static inline void dealloc(void *p) {
     blk_set_next(pg, b, pg->free);      /* LIFO: the block just freed is the next one handed out (cache-warm) */
     pg->free = b;
 #ifdef MALLARD_STATS
-    h->stats.cls[c].nfree++;
+    h->stats.cls[pg->size_class].nfree++;
 #endif
-    /* empty and not current (or multi-slot, not kept yet) */
-    if (unlikely(--pg->used == 0) && (pg != h->current[c] || pg->keep_check)) mld_page_retire(h, pg);
+    /* empty, and not the current page that may stay (heap.c: make_current) */
+    if (unlikely(--pg->used == 0) && !pg->keep_on_empty) mld_page_retire(h, pg);
     return;
   }
   mld_free_slow(seg, pg, p);

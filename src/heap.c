@@ -48,8 +48,17 @@ static void park(heap_t *h, unsigned c, page_t *pg) {
   list_push_tail(&h->full[c], pg);
 }
 
+/* Make pg the class's current page. keep_on_empty caches "current and not to be asked on empty" for the
+ * owner's free fast path (one byte test instead of a current[] load and a keep_check test). */
+static void make_current(heap_t *h, unsigned c, page_t *pg) {
+  page_t *old = h->current[c];
+  if (old != pg && old != &mld_page_empty) old->keep_on_empty = 0;
+  if (pg != &mld_page_empty) pg->keep_on_empty = !pg->keep_check;
+  h->current[c] = pg;
+}
+
 static void set_current(heap_t *h, unsigned c) {
-  h->current[c] = h->avail[c].head ? h->avail[c].head : &mld_page_empty;
+  make_current(h, c, h->avail[c].head ? h->avail[c].head : &mld_page_empty);
 }
 
 /* ---- heap life ---- */
@@ -343,7 +352,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
 static block_t *heap_refill_pop(heap_t *h, unsigned c) {
   page_t *pg = heap_find_page(h, c);
   if (unlikely(!pg)) { set_current(h, c); return NULL; }
-  h->current[c] = pg;
+  make_current(h, c, pg);
   block_t *b = pg->free;
   pg->free = blk_next(pg, b);
   pg->used++;
@@ -408,6 +417,7 @@ static bool keep_empty(heap_t *h, page_t *pg) {
   }
   if (kept + pg->slot_count > MLD_KEEP_SLOTS) return false;
   pg->keep_check = 0;
+  pg->keep_on_empty = h->current[pg->size_class] == pg;
   return true;
 }
 

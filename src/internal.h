@@ -73,6 +73,7 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t used;                         /* blocks handed out and not yet back on `free` */
   uint32_t capacity;                     /* blocks carved into lists so far */
   uint32_t reserved;                     /* blocks that fit in the page */
+  uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
 } page_t;
 

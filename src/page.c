@@ -18,6 +18,7 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->size_class = (uint8_t)cls;
   pg->in_full = 0;
   pg->keep_check = pg->slot_count > 1;
+  pg->keep_on_empty = 0;
   pg->next = pg->prev = NULL;
   atomic_store_explicit(&pg->heap, h, memory_order_release);
 }
