@@ -94,13 +94,17 @@ heap_t *mld_heap_get(void) {
   pthread_mutex_lock(&mld_heaps_mutex);
   h = heaps_pool;
   if (h) heaps_pool = h->next_free;
-  else h = mld_meta_alloc(sizeof(heap_t));
-  if (!h) { pthread_mutex_unlock(&mld_heaps_mutex); return NULL; }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (!h) h = mld_meta_alloc(sizeof(heap_t));
+  if (!h) return NULL;
+  /* Made ready, `life` held, before it is registered (a sweep may look at it from then on): no other lock is
+   * held while `life` is taken, which is then held for the thread's whole life. */
   memset(h, 0, sizeof *h);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
   pthread_mutex_init(&h->lock, NULL);
   life_begin(h);
   atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
+  pthread_mutex_lock(&mld_heaps_mutex);
   /* Every thread starts on arena 0, so a quiet process shares its segments (no reservation per thread);
    * a thread that waits for an arena lock moves on to the next automatic arena (mld_heap_arena). */
   h->arena = mld_arenas[0];
@@ -556,9 +560,12 @@ static heap_t *find_dead_heap(void) {
   pthread_mutex_lock(&mld_heaps_mutex);
   heap_t *dead = NULL;
   for (heap_t *h = mld_heaps_all; h && !dead; h = h->next_all) {
-    if (pthread_mutex_trylock(&h->life) == EOWNERDEAD) {
+    int rc = pthread_mutex_trylock(&h->life);
+    if (rc == EOWNERDEAD) {
       pthread_mutex_consistent(&h->life);
       dead = h;
+    } else if (rc == 0) {
+      pthread_mutex_unlock(&h->life);   /* not expected (registered heaps hold it): leave it as it was */
     }
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
