@@ -455,6 +455,7 @@ void mld_free_parked(void *p) {
   heap_t *h = mld_tls_heap;
   page_t *pg = page_of(segment_of(p), p);
   block_t *b = p;
+  MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting this page meanwhile */
   pthread_mutex_lock(&h->lock);
 #ifdef MALLARD_SECURE
   secure_owner_free(pg, b);
@@ -538,6 +539,7 @@ static size_t sweep_parked(heap_t *h) {
     for (page_t *pg = h->full[c].head, *next; pg; pg = next) {
       next = pg->next;
       if (!mld_page_collect_remote(pg) || pg->used) continue;
+      MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it must not reach this page */
       list_remove(&h->full[c], pg);
       set_in_full(pg, 0);
       bytes += (size_t)pg->slot_count << MLD_SLOT_SHIFT;
