@@ -168,6 +168,9 @@ void mld_purge_init(void) {
 /* Free paths: dirty memory appeared. Never starts a thread, never allocates. */
 void mld_dirty_notify(void) {
   if (!bg_enabled()) return;
+  /* Already pending: the thread has not yet exchanged it, so it will look (and see this dirty memory, published
+   * under an arena lock before this load). Skipping the store keeps every freeing thread off one shared line. */
+  if (atomic_load(&bg_pending)) return;
   atomic_store(&bg_pending, 1);
   if (atomic_load(&bg_started) == 1 && atomic_load(&bg_idle)) {
     pthread_mutex_lock(&bg_lock);
