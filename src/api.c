@@ -7,6 +7,21 @@
 #include <string.h>
 #include <unistd.h>
 
+/* ---- slow paths: the layers below, then what follows an allocator call that reached them ---- */
+/* After an allocation slow path (no lock held, lists consistent): the huge cache ages (so that it ages without
+ * the purging thread too), and the purging thread is started once it is worth having. Never from a free path:
+ * see background.c. */
+static void after_alloc_slow(void) {
+  mld_huge_cache_age();
+  mld_purge_thread_maybe_start();
+}
+
+static MLD_NOINLINE void *alloc_slow(heap_t *h, unsigned c) {
+  void *p = mld_malloc_slow(h, c);
+  if (p) after_alloc_slow();
+  return p;
+}
+
 /* ---- fast paths ---- */
 static inline void *alloc_class(unsigned c) {
   heap_t *h = mld_tls_heap;
@@ -23,7 +38,7 @@ static inline void *alloc_class(unsigned c) {
 #endif
     return b;
   }
-  return mld_malloc_slow(h, c);
+  return alloc_slow(h, c);
 }
 
 static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
@@ -32,7 +47,9 @@ static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
     if (!mld_tls_exiting) { errno = ENOMEM; return NULL; }
     h = &mld_heap_empty;   /* past its heap's TLS destructor: counted in the shared record, spans from arena 0 */
   }
-  return mld_large_alloc(h, size, align, zero);
+  void *p = mld_large_alloc(h, size, align, zero);
+  if (p) after_alloc_slow();
+  return p;
 }
 
 /* Small and medium requests take a size class (mld_class_request: room for the secure variant's canary). */
@@ -51,6 +68,28 @@ static MLD_NOINLINE void free_foreign(void *p, const char *what) {
   segment_t *s = mld_big_aligned_find(p, true);
   if (s) { mld_huge_free(mld_tls_heap, s, p); return; }
   mld_report_invalid(what, p);
+}
+
+/* The owner emptied a page that does not stay: it goes to the page cache or its arena (heap.c). */
+static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
+  mld_page_retire(h, pg);
+  mld_huge_cache_age();
+}
+
+/* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
+static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *pg, void *p) {
+  if (unlikely(seg->kind == SEG_HUGE)) {
+    mld_huge_free(mld_tls_heap, seg, p);   /* checks that p is the live block of the mapping */
+  } else if (likely(pg->kind == PAGE_SMALL)) {
+    mld_free_remote(pg, p);
+    return;
+  } else if (pg->kind == PAGE_LARGE && p == pg->user) {
+    mld_large_free(mld_tls_heap, pg, p);
+  } else {
+    mld_report_invalid("free", p);
+    return;
+  }
+  mld_huge_cache_age();
 }
 
 static inline void dealloc(void *p) {
@@ -78,10 +117,10 @@ static inline void dealloc(void *p) {
     h->stats.cls[pg->size_class].nfree++;
 #endif
     /* empty, and not the current page that may stay (heap.c: make_current) */
-    if (unlikely(--pg->used == 0) && !pg->keep_on_empty) mld_page_retire(h, pg);
+    if (unlikely(--pg->used == 0) && !pg->keep_on_empty) retire(h, pg);
     return;
   }
-  mld_free_slow(seg, pg, p);
+  free_not_own(seg, pg, p);
 }
 
 /* Usable size of a block we own, 0 (after a report) for a pointer we do not. */

@@ -1,4 +1,4 @@
-/* arena.c — arenas: they own segments, hand out slot spans (best fit, coalescing) and keep abandoned pages. */
+/* arena.c — arenas: they own segments, hand out slot spans (best fit, coalescing), keep abandoned pages, and decay dirty spans. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "secure.h"
@@ -175,7 +175,6 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   mld_span_set_used(pg, slots, kind);
   mld_arena_maybe_purge(a, mld_now_ms());
   arena_unlock(a);
-  mld_huge_cache_age();
   return pg;
 }
 
@@ -224,7 +223,6 @@ void mld_arena_free_span(arena_t *a, page_t *pg) {
   mld_arena_maybe_purge(a, now);
   arena_unlock(a);
   mld_dirty_notify();
-  mld_huge_cache_age();
 }
 
 /* Take an abandoned page of class `cls` for heap h; the caller collects its remote frees. */
@@ -335,6 +333,76 @@ void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
   free_span_locked(a, tail, now);
   arena_unlock(a);
   mld_dirty_notify();
+}
+
+/* ---- decay: dirty spans purged once old, abandoned pages reaped once asked for (arena lock held) ---- */
+
+/* When the arena's pending reap is due (0: none asked). */
+static uint64_t reap_due(arena_t *a) {
+  if (likely(!atomic_load_explicit(&a->reap_pending, memory_order_relaxed))) return 0;
+  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age();
+}
+
+/* Reap and purge what is due (lock held); returns the bytes purged. */
+size_t mld_arena_maybe_purge(arena_t *a, uint64_t now) {
+  uint64_t reap = reap_due(a);
+  if (unlikely(reap) && now >= reap) mld_arena_reap_abandoned(a, now);
+  if (mld_opt.dirty_decay_ms < 0) return 0;
+  if (a->dirty_slots && now >= a->next_purge_ms) return mld_arena_purge(a, false);
+  return 0;
+}
+
+/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
+ * A span whose madvise fails stays dirty (its memory is neither released nor known to be zero) and is retried later. */
+size_t mld_arena_purge(arena_t *a, bool all) {
+  uint64_t now = mld_now_ms();
+  uint64_t decay = mld_purge_age();
+  size_t bytes = 0;
+  uint64_t next_due = 0;
+  mld_arena_reap_abandoned(a, now);
+  a->npurge_passes++;
+  for (size_t n = 1; n <= MLD_USABLE_SLOTS; n++) {
+    for (page_t *pg = a->spans[n]; pg; ) {
+      page_t *next = pg->next;
+      if (!pg->purged) {
+        if (all || now - pg->dirty_since >= decay) {
+          size_t len = n << MLD_SLOT_SHIFT;
+          a->nmadvise++;
+          if (mld_os_purge(page_start(pg), len)) {
+            a->purged_bytes_total += len;
+            bytes += len;
+            pg->purged = 1;
+            pg->zero = 1;
+            a->dirty_slots -= n;
+            a->purged_slots += n;
+          } else if (!next_due || now + decay < next_due) {
+            next_due = now + (decay ? decay : 1);
+          }
+        } else if (!next_due || pg->dirty_since + decay < next_due) {
+          next_due = pg->dirty_since + decay;
+        }
+      }
+      if (n == MLD_USABLE_SLOTS && pg->purged && !mld_opt.retain) mld_segment_release(a, segment_of(pg));
+      pg = next;
+    }
+  }
+  a->next_purge_ms = next_due;
+  return bytes;
+}
+
+/* The earliest time something of the arena falls due (a reap asked for, dirty spans); 0 when nothing waits.
+ * `dirty` is set when dirty spans wait (even with no deadline yet). Takes the arena lock. */
+uint64_t mld_arena_next_due(arena_t *a, bool *dirty) {
+  mld_lock(&a->lock, &a->lock_stats);
+  uint64_t best = reap_due(a);   /* pages of exited threads may be empty: reap them within the delay */
+  if (best) *dirty = true;
+  if (a->dirty_slots) {
+    uint64_t d = a->next_purge_ms;
+    if (d && (!best || d < best)) best = d;
+    *dirty = true;
+  }
+  pthread_mutex_unlock(&a->lock);
+  return best;
 }
 
 #include "stats.h"

@@ -380,7 +380,6 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
   if (unlikely(!b)) { errno = ENOMEM; return NULL; }
   h->stats.cls[c].nmalloc++;
   h->stats.cls[c].nrefills++;
-  mld_purge_thread_maybe_start();   /* no lock held, lists consistent: see purge.c */
   return b;
 }
 
@@ -401,7 +400,6 @@ void *mld_exit_alloc(unsigned c) {
   if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
   pthread_mutex_unlock(&mld_exit_heap.lock);
   if (!b) errno = ENOMEM;
-  else mld_purge_thread_maybe_start();   /* its pages are returned by sweeps: an idle program needs the thread */
   return b;
 }
 
@@ -471,41 +469,29 @@ void mld_free_parked(void *p) {
   pthread_mutex_unlock(&h->lock);
 }
 
-/* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
-void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
+/* free() of a block of a small page that is not the calling thread's (a remote free). */
+void mld_free_remote(page_t *pg, void *p) {
   heap_t *h = mld_tls_heap;
-  if (unlikely(seg->kind == SEG_HUGE)) {
-    mld_huge_free(h, seg, p);   /* checks that p is the live block of the mapping */
-    return;
-  }
-  if (pg->kind == PAGE_SMALL) {
-    block_t *b = p;
+  block_t *b = p;
 #ifdef MALLARD_SECURE
-    secure_check_free(pg, b);   /* the owner clears the bitmap bit when it collects the block */
+  secure_check_free(pg, b);   /* the owner clears the bitmap bit when it collects the block */
 #endif
-    /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
-     * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */
-    if (unlikely(h == &mld_heap_empty) && !mld_tls_exiting) {
-      heap_t *own = mld_heap_get();
-      if (own) h = own;
-    }
-    /* Counted first: once the block is published, the page may be collected, released and reused by others. */
-    MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
-    MLD_STAT_ADD(h, remote_frees, 1);
+  /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
+   * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */
+  if (unlikely(h == &mld_heap_empty) && !mld_tls_exiting) {
+    heap_t *own = mld_heap_get();
+    if (own) h = own;
+  }
+  /* Counted first: once the block is published, the page may be collected, released and reused by others. */
+  MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
+  MLD_STAT_ADD(h, remote_frees, 1);
 #ifndef MALLARD_SECURE
-    if (likely(h != &mld_heap_empty)) {
-      mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */
-      return;
-    }
+  if (likely(h != &mld_heap_empty)) {
+    mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */
+    return;
+  }
 #endif
-    mld_remote_push(pg, b, b, 1);
-    return;
-  }
-  if (pg->kind == PAGE_LARGE && p == pg->user) {
-    mld_large_free(h, pg, p);
-    return;
-  }
-  mld_report_invalid("free", p);
+  mld_remote_push(pg, b, b, 1);   /* a thread past its destructor (or the secure variant): at once */
 }
 
 /* ---- sweeps: memory that waits on no thread's next allocation ----
@@ -515,18 +501,6 @@ void mld_free_slow(segment_t *seg, page_t *pg, void *p) {
  * and the pages of a heap whose thread ended without its destructor (its `life` mutex, robust, reads as
  * EOWNERDEAD). A send into a parked or exit-heap page asks for a sweep (mld_sweep_want); the purging thread
  * runs it once the decay delay has passed, malloc_trim and mallard_collect at once. */
-_Atomic(uint64_t) mld_sweep_since;
-
-void mld_sweep_want(void) {
-  if (atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return;   /* already asked: one write per delay */
-  uint64_t none = 0, now = mld_now_ms();
-  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_dirty_notify();
-}
-
-uint64_t mld_sweep_due(void) {
-  uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
-  return since ? since + mld_purge_age() : 0;
-}
 
 /* Parked pages whose blocks have all come back go back to their arena (heap lock held, by a thread that is
  * not the owner). The owner's fast paths never touch a parked page: they allocate from `current` pages only,

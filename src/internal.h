@@ -292,12 +292,15 @@ MLD_HIDDEN void mld_span_set_used(page_t *pg, size_t slots, uint8_t kind);
 MLD_HIDDEN void mld_arena_reap_abandoned(arena_t *a, uint64_t now);   /* lock held */
 MLD_HIDDEN void mld_segment_release(arena_t *a, segment_t *seg);       /* lock held; segment entirely free */
 
-/* purge.c */
+/* arena.c: decay */
 MLD_HIDDEN size_t mld_arena_maybe_purge(arena_t *a, uint64_t now);   /* lock held; returns bytes purged */
 MLD_HIDDEN size_t mld_arena_purge(arena_t *a, bool all);          /* lock held; returns bytes purged */
+MLD_HIDDEN uint64_t mld_arena_next_due(arena_t *a, bool *dirty);  /* takes the lock */
+
+/* background.c */
 MLD_HIDDEN size_t mld_purge_all(bool force);                      /* returns bytes given back to the OS */
 MLD_HIDDEN void mld_dirty_notify(void);
-MLD_HIDDEN void mld_purge_thread_maybe_start(void);                /* allocation slow paths only: see purge.c */
+MLD_HIDDEN void mld_purge_thread_maybe_start(void);                /* allocation slow paths only: see background.c */
 MLD_HIDDEN void mld_purge_init(void);
 MLD_HIDDEN void mld_purge_fork_prepare(void);
 MLD_HIDDEN void mld_purge_fork_parent(void);
@@ -307,6 +310,9 @@ MLD_HIDDEN void mld_purge_fork_child(void);
 MLD_HIDDEN void mld_outbox_add(heap_t *h, page_t *pg, block_t *b);
 MLD_HIDDEN void mld_outbox_flush(heap_t *h);
 MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n);
+MLD_HIDDEN void mld_sweep_want(void);                              /* a send went to a page only a sweep visits */
+MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
+extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */
 
 /* page.c */
 extern page_t mld_page_empty MLD_HIDDEN;
@@ -320,15 +326,13 @@ extern __thread heap_t *mld_tls_heap MLD_HIDDEN;
 extern heap_t mld_heap_empty MLD_HIDDEN;
 extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
-MLD_HIDDEN void mld_free_slow(segment_t *seg, page_t *pg, void *p);
+MLD_HIDDEN void mld_free_remote(page_t *pg, void *p);             /* a block of another thread's small page */
 MLD_HIDDEN void mld_free_parked(void *p);          /* the owner frees a block of one of its parked pages */
 MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);
 MLD_HIDDEN heap_t *mld_heap_get(void);
 MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
 MLD_HIDDEN size_t mld_heaps_sweep(bool force);                    /* idle heaps' parked pages, exit heap, dead heaps */
-MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
-extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */
-MLD_HIDDEN void mld_sweep_want(void);
+
 MLD_HIDDEN void mld_heap_abandon(heap_t *h);
 MLD_HIDDEN void mld_heaps_lock(void);
 MLD_HIDDEN void mld_heaps_unlock(void);

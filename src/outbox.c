@@ -1,4 +1,4 @@
-/* outbox.c — remote frees: blocks freed by a thread that does not own their page, batched per page and sent with one CAS. */
+/* outbox.c — remote frees: blocks freed by a thread that does not own their page, batched per page and sent with one CAS; the sweep requests they raise. */
 #include "internal.h"
 #include "secure.h"
 
@@ -31,6 +31,20 @@ void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
   MLD_RACE_WINDOW();   /* the batch is published: nothing of the page may be touched from here on */
   if (unlikely(reap != NULL)) mld_arena_want_reap(reap);   /* arenas live for ever */
   else if (unlikely(sweep)) mld_sweep_want();
+}
+
+/* ---- sweep requests: raised by sends into pages nobody may visit soon (heap.c: mld_heaps_sweep) ---- */
+_Atomic(uint64_t) mld_sweep_since;
+
+void mld_sweep_want(void) {
+  if (atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return;   /* already asked: one write per delay */
+  uint64_t none = 0, now = mld_now_ms();
+  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_dirty_notify();
+}
+
+uint64_t mld_sweep_due(void) {
+  uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
+  return since ? since + mld_purge_age() : 0;
 }
 
 /* Send one entry's batch and empty the slot. */

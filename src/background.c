@@ -1,61 +1,8 @@
-/* purge.c — returning memory: decay of dirty spans, unmapping of empty segments, and the optional purging thread. */
+/* background.c — the purging thread (started lazily, woken by free paths, sweeps and purges what falls due) and purge_all. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include <signal.h>
 #include <time.h>
-
-/* When the arena's pending reap is due (0: none asked). */
-static uint64_t reap_due(arena_t *a) {
-  if (likely(!atomic_load_explicit(&a->reap_pending, memory_order_relaxed))) return 0;
-  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age();
-}
-
-/* Reap and purge what is due (lock held); returns the bytes purged. */
-size_t mld_arena_maybe_purge(arena_t *a, uint64_t now) {
-  uint64_t reap = reap_due(a);
-  if (unlikely(reap) && now >= reap) mld_arena_reap_abandoned(a, now);
-  if (mld_opt.dirty_decay_ms < 0) return 0;
-  if (a->dirty_slots && now >= a->next_purge_ms) return mld_arena_purge(a, false);
-  return 0;
-}
-
-/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
- * A span whose madvise fails stays dirty (its memory is neither released nor known to be zero) and is retried later. */
-size_t mld_arena_purge(arena_t *a, bool all) {
-  uint64_t now = mld_now_ms();
-  uint64_t decay = mld_purge_age();
-  size_t bytes = 0;
-  uint64_t next_due = 0;
-  mld_arena_reap_abandoned(a, now);
-  a->npurge_passes++;
-  for (size_t n = 1; n <= MLD_USABLE_SLOTS; n++) {
-    for (page_t *pg = a->spans[n]; pg; ) {
-      page_t *next = pg->next;
-      if (!pg->purged) {
-        if (all || now - pg->dirty_since >= decay) {
-          size_t len = n << MLD_SLOT_SHIFT;
-          a->nmadvise++;
-          if (mld_os_purge(page_start(pg), len)) {
-            a->purged_bytes_total += len;
-            bytes += len;
-            pg->purged = 1;
-            pg->zero = 1;
-            a->dirty_slots -= n;
-            a->purged_slots += n;
-          } else if (!next_due || now + decay < next_due) {
-            next_due = now + (decay ? decay : 1);
-          }
-        } else if (!next_due || pg->dirty_since + decay < next_due) {
-          next_due = pg->dirty_since + decay;
-        }
-      }
-      if (n == MLD_USABLE_SLOTS && pg->purged && !mld_opt.retain) mld_segment_release(a, segment_of(pg));
-      pg = next;
-    }
-  }
-  a->next_purge_ms = next_due;
-  return bytes;
-}
 
 /* Purge every arena now (force) or what is due, and the huge cache; returns the bytes given back. */
 size_t mld_purge_all(bool force) {
@@ -100,19 +47,8 @@ static bool any_dirty(uint64_t *due) {
   bool dirty = best != 0;
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) {
-    arena_t *a = mld_arenas[i];
-    pthread_mutex_lock(&a->lock);
-    uint64_t reap = reap_due(a);   /* pages of exited threads may be empty: reap them within the delay */
-    if (reap) {
-      if (!best || reap < best) best = reap;
-      dirty = true;
-    }
-    if (a->dirty_slots) {
-      uint64_t d = a->next_purge_ms;
-      if (d && (!best || d < best)) best = d;
-      dirty = true;
-    }
-    pthread_mutex_unlock(&a->lock);
+    uint64_t d = mld_arena_next_due(mld_arenas[i], &dirty);
+    if (d && (!best || d < best)) best = d;
   }
   if (dirty && !best) best = mld_now_ms() + mld_purge_age();
   *due = best;
