@@ -101,7 +101,7 @@ heap_t *mld_heap_get(void) {
    * held while `life` is taken, which is then held for the thread's whole life. */
   memset(h, 0, sizeof *h);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
-  pthread_mutex_init(&h->lock, NULL);
+  atomic_store_explicit(&h->lock, 0, memory_order_relaxed);
   life_begin(h);
   atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
   pthread_mutex_lock(&mld_heaps_mutex);
@@ -265,9 +265,9 @@ static void collect_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
  * its pages released or abandoned, its counters kept, its struct recycled. The caller holds `life`. */
 void mld_heap_abandon(heap_t *h) {
   mld_outbox_flush(h);
-  pthread_mutex_lock(&h->lock);
+  mld_spin_lock(&h->lock);
   visit_pages(h, abandon_page, true);
-  pthread_mutex_unlock(&h->lock);
+  mld_spin_unlock(&h->lock);
   pthread_mutex_lock(&mld_heaps_mutex);
   mld_stats_add(&mld_dead_stats, &h->stats);
   h->arena->nthreads--;
@@ -284,9 +284,9 @@ void mld_heap_abandon(heap_t *h) {
 void mld_heap_collect(heap_t *h, bool force) {
   if (h == &mld_heap_empty) return;
   mld_outbox_flush(h);
-  pthread_mutex_lock(&h->lock);
+  mld_spin_lock(&h->lock);
   visit_pages(h, collect_page, force);
-  pthread_mutex_unlock(&h->lock);
+  mld_spin_unlock(&h->lock);
 }
 
 /* ---- the slow path ---- */
@@ -372,10 +372,10 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
     h = mld_heap_get();
     if (!h) { errno = ENOMEM; return NULL; }
   }
-  pthread_mutex_lock(&h->lock);
+  mld_spin_lock(&h->lock);
   atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
   block_t *b = heap_refill_pop(h, c);
-  pthread_mutex_unlock(&h->lock);
+  mld_spin_unlock(&h->lock);
   if (h->outbox_ops) mld_outbox_flush(h);   /* a refill is a good moment: no batch waits past it */
   if (unlikely(!b)) { errno = ENOMEM; return NULL; }
   h->stats.cls[c].nmalloc++;
@@ -389,23 +389,22 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
  * exit heap's blocks, take the remote path (no thread has the exit heap as its own). */
 /* bound: it never moves between arenas (it is no thread's, and counts in no arena's nthreads). Its lock is
  * held for every operation on it: nobody has a lock-free path into it. */
-heap_t mld_exit_heap = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty }, .bound = true,
-                         .lock = PTHREAD_MUTEX_INITIALIZER };
+heap_t mld_exit_heap = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty }, .bound = true };
 
 void *mld_exit_alloc(unsigned c) {
   mld_ensure_init();
-  pthread_mutex_lock(&mld_exit_heap.lock);
+  mld_spin_lock(&mld_exit_heap.lock);
   if (!mld_exit_heap.arena) mld_exit_heap.arena = mld_arena_get(0);
   block_t *b = mld_exit_heap.arena ? heap_refill_pop(&mld_exit_heap, c) : NULL;
   if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
-  pthread_mutex_unlock(&mld_exit_heap.lock);
+  mld_spin_unlock(&mld_exit_heap.lock);
   if (!b) errno = ENOMEM;
   return b;
 }
 
-void mld_exit_heap_lock(void) { pthread_mutex_lock(&mld_exit_heap.lock); }
-void mld_exit_heap_unlock(void) { pthread_mutex_unlock(&mld_exit_heap.lock); }
-void mld_exit_heap_fork_child(void) { pthread_mutex_init(&mld_exit_heap.lock, NULL); }
+void mld_exit_heap_lock(void) { mld_spin_lock(&mld_exit_heap.lock); }
+void mld_exit_heap_unlock(void) { mld_spin_unlock(&mld_exit_heap.lock); }
+void mld_exit_heap_fork_child(void) { atomic_store(&mld_exit_heap.lock, 0); }
 
 /* May the class's only page stay with the heap although empty? One-slot pages always; multi-slot pages while
  * the heap keeps at most MLD_KEEP_SLOTS slots of them (a loop over medium sizes must not thrash, an idle
@@ -441,11 +440,9 @@ static void page_retire_locked(heap_t *h, page_t *pg) {
   page_release_or_cache(h, pg);
 }
 
-void mld_page_retire(heap_t *h, page_t *pg) {
-  pthread_mutex_lock(&h->lock);
-  page_retire_locked(h, pg);
-  pthread_mutex_unlock(&h->lock);
-}
+/* The owner emptied a page that is not parked (parked ones go through mld_free_parked): no lock, since a sweep
+ * touches only the full lists and parked pages, and this changes neither. */
+void mld_page_retire(heap_t *h, page_t *pg) { page_retire_locked(h, pg); }
 
 /* The owner frees a block of one of its parked pages: under the heap lock, since a sweep may be giving the
  * page's remote frees back meanwhile (the fast path never writes a parked page). */
@@ -454,7 +451,7 @@ void mld_free_parked(void *p) {
   page_t *pg = page_of(segment_of(p), p);
   block_t *b = p;
   MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting this page meanwhile */
-  pthread_mutex_lock(&h->lock);
+  mld_spin_lock(&h->lock);
 #ifdef MALLARD_SECURE
   secure_owner_free(pg, b);
   if (unlikely(mld_opt.zero_on_free)) memset(b, 0, pg->block_size);
@@ -466,7 +463,7 @@ void mld_free_parked(void *p) {
 #endif
   pg->used--;
   page_retire_locked(h, pg);
-  pthread_mutex_unlock(&h->lock);
+  mld_spin_unlock(&h->lock);
 }
 
 /* free() of a block of a small page that is not the calling thread's (a remote free). */
@@ -517,7 +514,13 @@ static size_t sweep_parked(heap_t *h) {
       list_remove(&h->full[c], pg);
       set_in_full(pg, 0);
       bytes += (size_t)pg->slot_count << MLD_SLOT_SHIFT;
-      page_release(h, pg);
+#ifdef MALLARD_SECURE
+      secure_check_empty(pg);
+#endif
+      /* Counted in the shared record: the owner writes its own counters without the lock. */
+      __atomic_fetch_add(&mld_orphan_stats.cls[c].npages_released, 1, __ATOMIC_RELAXED);
+      atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+      mld_arena_free_span(segment_of(pg)->arena, pg);
     }
   }
   return bytes;
@@ -561,19 +564,19 @@ size_t mld_heaps_sweep(bool force) {
     }
     return 0;
   }
-  pthread_mutex_lock(&mld_exit_heap.lock);
+  mld_spin_lock(&mld_exit_heap.lock);
   if (mld_exit_heap.arena) {
     visit_pages(&mld_exit_heap, collect_page, true);
   }
-  pthread_mutex_unlock(&mld_exit_heap.lock);
+  mld_spin_unlock(&mld_exit_heap.lock);
   bool busy = false;
   pthread_mutex_lock(&mld_heaps_mutex);
   for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
-    if (pthread_mutex_trylock(&h->lock) != 0) { busy = true; continue; }
+    if (!mld_spin_trylock(&h->lock)) { busy = true; continue; }
     /* An owner that refilled within the delay will find its parked pages itself (and reuse them). */
     if (force || now - atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed) >= age) bytes += sweep_parked(h);
     else busy |= parked_pending(h);
-    pthread_mutex_unlock(&h->lock);
+    mld_spin_unlock(&h->lock);
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
   if (busy) mld_sweep_want();   /* look again one delay later: a busy owner may have gone idle by then */
@@ -596,6 +599,6 @@ void mld_heaps_fork_child(void) {
   heap_t *h = mld_tls_heap;
   if (h != &mld_heap_empty) {
     life_begin(h);
-    pthread_mutex_init(&h->lock, NULL);
+    atomic_store_explicit(&h->lock, 0, memory_order_relaxed);
   }
 }

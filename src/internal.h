@@ -127,6 +127,16 @@ MLD_HIDDEN void mld_race_delay(void);
 #define MLD_RACE_WINDOW() ((void)0)
 #endif
 
+/* ---- a spin lock for locks that are almost never contended (the heap lock: its owner against a sweep) ---- */
+#include <sched.h>
+static inline bool mld_spin_trylock(_Atomic(int) *l) {
+  return !atomic_load_explicit(l, memory_order_relaxed) && !atomic_exchange_explicit(l, 1, memory_order_acquire);
+}
+static inline void mld_spin_lock(_Atomic(int) *l) {
+  while (!mld_spin_trylock(l)) sched_yield();   /* held by a sweep (or another exiting thread): short */
+}
+static inline void mld_spin_unlock(_Atomic(int) *l) { atomic_store_explicit(l, 0, memory_order_release); }
+
 /* ---- statistics (per heap, summed when read) --------------------------------------------------------- */
 typedef struct class_stats_s {
   uint64_t nmalloc;                      /* blocks handed out by this heap */
@@ -172,10 +182,11 @@ typedef struct heap_s {
   bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
   page_t *cache;                         /* empty pages kept for reuse */
   unsigned ncache;                       /* slots in the cache (at most opt.page_cache) */
-  /* The heap lock: the owner holds it in every slow path that changes its page lists or `current`; another
-   * thread takes it (trylock) to give back the parked pages of an idle owner (mld_heaps_sweep). The owner's
-   * fast paths never take it: they touch only `current` pages and pages holding their own live blocks. */
-  pthread_mutex_t lock;
+  /* The heap lock: the owner holds it in every slow path that may change its full lists or a parked page
+   * (refill, frees into parked pages, collection, abandonment); another thread takes it (trylock) to give back
+   * the parked pages of an idle owner (mld_heaps_sweep), touching nothing else of the heap. The owner's fast
+   * paths never take it: they touch only `current` pages and unparked pages holding their own live blocks. */
+  _Atomic(int) lock;                     /* mld_spin_*: 0 free, 1 held */
   /* Robust, held by the owning thread for the heap's whole life: if the thread ends without its destructor
    * having run (first allocation in the last destructor round), the kernel marks it and a sweep abandons it. */
   pthread_mutex_t life;
