@@ -290,9 +290,10 @@ GROUPS = ("all", "cross-thread", "other")
 
 
 def summarize(raw: dict, peers: tuple) -> dict:
-    """{"cells": {id: {program, threads, cross_thread, per: {allocator: stats}}}, "geomean": {allocator: {group:
-    {time, rss, n}}, failed}, "mallard": {variant: [rows]}}; stats: ok/error, median time, wall, CPU, RSS (KiB),
-    median figures, and time_ratio / rss_ratio to the best peer's median (best_time_peer / best_rss_peer)."""
+    """{"cells": {id: {program, threads, cross_thread, best_time(_peer), best_rss(_peer), per: {allocator: stats}}},
+    "geomean": {allocator: {group: {time, rss, n, n_rss, cells}, failed}}, "mallard": [Mallard's variants]}; stats:
+    ok/error, median time, wall, CPU, RSS (KiB), median figures, and time_ratio / rss_ratio to the best peer's median
+    (the best among `peers` that succeeded in the cell)."""
     cells: dict = {}
     for c in raw["cells"]:
         per = {}
@@ -313,18 +314,18 @@ def summarize(raw: dict, peers: tuple) -> dict:
                     r["max_rss_kib"] is not None for r in runs) else None,
                 "metrics": {k: statistics.median(r["metrics"][k] for r in runs if k in r["metrics"]) for k in keys},
             }
+        cell = {"program": c["workload"], "threads": c["threads"], "cross_thread": c["cross_thread"], "per": per}
         for metric in ("time", "rss"):
             cands = [(per[p][metric], p) for p in peers if p in per and per[p]["ok"] and per[p][metric]]
             if not cands:
                 continue
             best, best_name = min(cands)
+            cell[f"best_{metric}"], cell[f"best_{metric}_peer"] = best, best_name
             for s in per.values():
                 if s["ok"] and s[metric]:
                     s[metric + "_ratio"] = s[metric] / best
                     s[f"best_{metric}_peer"] = best_name
-                    s[f"best_{metric}"] = best
-        cells[c["id"]] = {"program": c["workload"], "threads": c["threads"], "cross_thread": c["cross_thread"],
-                          "per": per}
+        cells[c["id"]] = cell
     gm: dict = {}
     for name in raw["allocators"]:
         g = {"failed": sum(1 for cell in cells.values() if not cell["per"][name]["ok"])}
@@ -413,12 +414,12 @@ def _mallard_table(summary: dict, variant: str) -> str:
     for cid, cell in summary["cells"].items():
         s = cell["per"][variant]
         group = "cross-thread" if cell["cross_thread"] else "other"
+        bt = f"{cell['best_time_peer']} {_num(cell['best_time'])}" if cell.get("best_time") else "–"
+        br = f"{cell['best_rss_peer']} {_num(cell['best_rss'] / 1024)}" if cell.get("best_rss") else "–"
         if not s["ok"]:
-            rows.append([cid, group, "**FAIL**", "", "", "", "", ""])
+            rows.append([cid, group, bt, "**FAIL**", "", br, "**FAIL**", ""])
             continue
-        rows.append([cid, group, f"{s.get('best_time_peer', '–')} {_num(s.get('best_time'))}", _num(s["time"]),
-                     _ratio(s.get("time_ratio")),
-                     f"{s.get('best_rss_peer', '–')} {_num(s['best_rss'] / 1024) if s.get('best_rss') else '–'}",
+        rows.append([cid, group, bt, _num(s["time"]), _ratio(s.get("time_ratio")), br,
                      _num(s["rss"] / 1024) if s["rss"] else "–", _ratio(s.get("rss_ratio"))])
     g = summary["geomean"][variant]
     for group in GROUPS:
@@ -454,7 +455,7 @@ def markdown(raw: dict, summary: dict, level: int = 1, peers: tuple = ()) -> str
            "allocators still count. Geometric means are over the cells where the allocator and at least one peer "
            "succeeded (the count in brackets).", "",
            _table(["program", "arguments", "group", "time (lower is better)", "what it does"],
-                  [[n, "`" + " ".join(next(c["args"] for c in raw["cells"] if c["workload"] == n)) + "`"
+                  [[n, "`" + (" ".join(next(c["args"] for c in raw["cells"] if c["workload"] == n)) or "(none)") + "`"
                     + (" (N)" if PROGRAMS[n].threaded else ""),
                     "cross-thread" if PROGRAMS[n].cross_thread else "other", PROGRAMS[n].conversion,
                     PROGRAMS[n].what] for n in programs]), ""]
