@@ -137,17 +137,18 @@ def markdown(raw: dict, summary: dict, level: int = 1, peers: tuple = ()) -> str
 SECTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def markers(name: str) -> tuple[str, str]:
-    return f"<!-- scaling:{name} begin -->", f"<!-- scaling:{name} end -->"
+def markers(name: str, kind: str = "scaling") -> tuple[str, str]:
+    """The comment lines around section `name` of a mode (`kind`: scaling or mbench)."""
+    return f"<!-- {kind}:{name} begin -->", f"<!-- {kind}:{name} end -->"
 
 
-def replace_section(doc: str, name: str, body: str) -> str:
-    """doc with the text between the markers of section `name` replaced by body (markers kept); a section not yet
-    there is appended at the end, after everything else (so a full-mode rewrite, which keeps the page's tail,
-    keeps it too). Raises ValueError for a bad name or markers out of order."""
+def replace_section(doc: str, name: str, body: str, kind: str = "scaling") -> str:
+    """doc with the text between the markers of section `name` (of mode `kind`) replaced by body (markers kept); a
+    section not yet there is appended at the end, after everything else (so a full-mode rewrite, which keeps the
+    page's tail, keeps it too). Raises ValueError for a bad name or markers out of order."""
     if not SECTION_NAME.match(name):
         raise ValueError(f"section name {name!r}: letters, digits, '.', '_' and '-' only")
-    begin, end = markers(name)
+    begin, end = markers(name, kind)
     block = f"{begin}\n{body.strip()}\n{end}"
     i, j = doc.find(begin), doc.find(end)
     if i < 0 and j < 0:
@@ -157,10 +158,10 @@ def replace_section(doc: str, name: str, body: str) -> str:
     return doc[:i] + block + doc[j + len(end):]
 
 
-def write_docs_section(path: Path, name: str, body: str) -> None:
-    """Writes or replaces section `name` of the markdown file at path (created when absent)."""
+def write_docs_section(path: Path, name: str, body: str, kind: str = "scaling") -> None:
+    """Writes or replaces section `name` (of mode `kind`) of the markdown file at path (created when absent)."""
     old = path.read_text() if path.exists() else "# Performance\n"
-    path.write_text(replace_section(old, name, body))
+    path.write_text(replace_section(old, name, body, kind))
 
 
 def plot(raw: dict, summary: dict, out_dir: Path) -> Path | None:

@@ -29,14 +29,15 @@ except ImportError:  # the venv lacks `pip install -e tools/mallard`: use the so
 import mbench_programs  # noqa: E402
 import mbench_report  # noqa: E402
 import mbench_scaling  # noqa: E402
+import mimalloc_bench  # noqa: E402
 
 # The peers Mallard is compared against; "best peer" is the fastest (or leanest) of these in each cell.
 PEERS = ("glibc", "jemalloc", "mimalloc", "tcmalloc")
 # Mallard's variants compared by default (others, e.g. a no-statistics build, only with --allocators).
 MALLARD = ("mallard", "mallard-secure")
-MODES = ("smoke", "quick", "full", "scaling")
-REPEATS = {"smoke": 1, "quick": 3, "full": 5, "scaling": 3}
-TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180}
+MODES = ("smoke", "quick", "full", "scaling", "mbench")
+REPEATS = {"smoke": 1, "quick": 3, "full": 5, "scaling": 3, "mbench": 3}
+TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180, "mbench": 300}
 # The scaling mode's workloads: every one moves objects between threads.
 SCALING_WORKLOADS = ("xstorm", "server", "localremote", "larson", "prodcons")
 
@@ -339,8 +340,12 @@ def resolve_allocators(spec: str, found: list) -> list:
     return allocs
 
 
-def run_cells(cells: list, allocs: list, bins: Path, repeats: int, timeout: float, prog, task, t_start: float) -> list:
-    """Runs every cell under every allocator, interleaved and repeated; returns the cells' raw entries."""
+def run_cells(cells: list, allocs: list, bins: Path, repeats: int, timeout: float, prog, task, t_start: float,
+              run=None, reproduce=None) -> list:
+    """Runs every cell under every allocator, interleaved and repeated; returns the cells' raw entries. `run` and
+    `reproduce` (default run_once and repro) run one cell under one allocator and write its command line."""
+    run = run or run_once
+    reproduce = reproduce or repro
     entries = []
     for cell in cells:
         runs = {x.name: [] for x in allocs}
@@ -349,10 +354,10 @@ def run_cells(cells: list, allocs: list, bins: Path, repeats: int, timeout: floa
             order = allocs[rep % len(allocs):] + allocs[:rep % len(allocs)]
             for al in order:
                 prog.update(task, description=f"{cell.id:<22} {al.name:<14}")
-                runs[al.name].append(run_once(cell, al, bins, timeout))
+                runs[al.name].append(run(cell, al, bins, timeout))
                 prog.advance(task)
         entries.append({**asdict(cell), "id": cell.id, "runs": runs,
-                        "repro": {x.name: repro(cell, x, bins) for x in allocs}})
+                        "repro": {x.name: reproduce(cell, x, bins) for x in allocs}})
         if not sys.stderr.isatty():  # a log file gets one line per cell instead of the progress bar
             print(f"bench: {cell.id} done at {time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
         fails = [f"{n}: {r['error']}" for n, rs in runs.items() for r in rs if not r["ok"]]
@@ -385,7 +390,7 @@ def run_scaling(a, allocs: list, bins: Path, peers: tuple, out_dir: Path, stamp:
     # Workloads in the order asked for, thread counts ascending.
     cells.sort(key=lambda c: (only.index(c.workload), c.threads))
     repeats = a.repeats or REPEATS["scaling"]
-    timeout = TIMEOUT_S["scaling"]
+    timeout = a.timeout or TIMEOUT_S["scaling"]
     raw = {"mode": "scaling", "sizes": a.sizes, "repeats": repeats, "command": command, "started": stamp,
            "machine": machine_info(allocs), "allocators": [x.name for x in allocs], "peers": list(peers),
            "threads": threads, "cells": []}
@@ -415,18 +420,83 @@ def run_scaling(a, allocs: list, bins: Path, peers: tuple, out_dir: Path, stamp:
     return 0
 
 
+def run_mbench(a, allocs: list, peers: tuple, out_dir: Path, stamp: str, command: str) -> int:
+    """The mbench mode: mimalloc-bench's programs from --mbench-dir at each thread count; results.md holds one table
+    per program and thread count, geometric means (all, cross-thread, other) and Mallard against the best peer."""
+    mb = mimalloc_bench
+    if not a.mbench_dir:
+        print("bench: the mbench mode needs --mbench-dir DIR (mimalloc-bench's built programs, e.g. /work/peers/bin)",
+              file=sys.stderr)
+        return 2
+    mdir = Path(a.mbench_dir).resolve()
+    if not mdir.is_dir():
+        print(f"bench: --mbench-dir {mdir}: no such folder", file=sys.stderr)
+        return 2
+    asked = [p.strip() for p in a.programs.split(",") if p.strip()] if a.programs else list(mb.PROGRAMS)
+    unknown = [p for p in asked if p not in mb.PROGRAMS]
+    if unknown:
+        print(f"bench: unknown mbench program(s) {', '.join(unknown)}; known: {', '.join(mb.PROGRAMS)}",
+              file=sys.stderr)
+        return 2
+    programs, skipped = mb.available(asked, mdir)
+    for msg in skipped:
+        print(f"bench: mbench: skipping {msg}", file=sys.stderr)
+    if not programs:
+        print(f"bench: none of the programs asked for is in {mdir}", file=sys.stderr)
+        return 2
+    threads = [int(t) for t in a.threads.split(",")] if a.threads else thread_counts("full")
+    if a.run_s is not None and a.run_s <= 0:
+        print("bench: --run-s must be positive", file=sys.stderr)
+        return 2
+    cells = mb.plan(programs, threads, a.run_s)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    repeats = a.repeats or REPEATS["mbench"]
+    timeout = a.timeout or TIMEOUT_S["mbench"]
+    raw = {"mode": "mbench", "repeats": repeats, "command": command, "started": stamp, "mbench_dir": str(mdir),
+           "run_s": a.run_s, "machine": machine_info(allocs), "allocators": [x.name for x in allocs],
+           "peers": list(peers), "threads": threads, "programs": programs, "skipped": skipped, "cells": []}
+    t_start = time.monotonic()
+    with progress_bar() as prog:
+        task = prog.add_task("mbench", total=len(cells) * len(allocs) * repeats)
+        raw["cells"] = run_cells(cells, allocs, mdir, repeats, timeout, prog, task, t_start,
+                                 run=mb.run_once, reproduce=mb.repro)
+    raw["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    summary = mb.summarize(raw, peers)
+    raw["summary"] = summary
+    (out_dir / "raw.json").write_text(json.dumps(raw, indent=1))
+    (out_dir / "results.md").write_text(mb.markdown(raw, summary, level=1, peers=peers))
+    note = ""
+    if a.docs_section:
+        doc = Path(a.docs_file) if a.docs_file else REPO / "docs" / "PERFORMANCE.md"
+        mbench_scaling.write_docs_section(doc, a.docs_section, mb.markdown(raw, summary, level=2, peers=peers),
+                                          kind="mbench")
+        note = f"; section {a.docs_section} of {doc} written"
+    print(mb.console_summary(raw, summary))
+    print(f"bench: mbench, {len(cells)} cells x {len(allocs)} allocators x {repeats} repeats in {raw['elapsed_s']} s;"
+          f" results in {out_dir}{note}")
+    failed = [(cid, n) for cid, cell in summary["cells"].items() for n, s in cell["per"].items() if not s["ok"]]
+    if failed:
+        print(f"bench: {len(failed)} failed cell(s); see the Failures section of {out_dir / 'results.md'}",
+              file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Example: .venv/bin/python bench/run.py quick --allocators glibc,mimalloc\n"
                                         "         .venv/bin/python bench/run.py scaling --threads 1,2,4,8,16 "
-                                        "--allocators glibc,mallard,/work/peers/lib/libsnmallocshim.so")
+                                        "--allocators glibc,mallard,/work/peers/lib/libsnmallocshim.so\n"
+                                        "         .venv/bin/python bench/run.py mbench --mbench-dir /work/peers/bin "
+                                        "--threads 1,2,4 --allocators glibc,mallard --run-s 2")
     ap.add_argument("mode", choices=MODES, help="smoke: tiny CI check; quick: < 3 min; full: < 25 min, rewrites docs; "
-                                                "scaling: the cross-thread workloads at each of --threads")
+                                                "scaling: the cross-thread workloads at each of --threads; "
+                                                "mbench: mimalloc-bench's programs from --mbench-dir")
     ap.add_argument("--allocators", help="comma-separated names or .so paths (default: every one discover() finds); "
                                          "a path is named after its file (libfoo.so: foo)")
     ap.add_argument("--peers", help="allocators whose best median is the 1.00 of the ratios (default: "
                                     + ",".join(PEERS) + "; any names of this run)")
-    ap.add_argument("--repeats", type=int, help="repeats per allocator and cell (default: quick 3, full 5, scaling 3)")
+    ap.add_argument("--repeats", type=int, help="repeats per allocator and cell (default: quick 3, full 5, scaling 3, "
+                                                "mbench 3)")
     ap.add_argument("--out", help="results folder (default: results/<timestamp>-<mode>)")
     ap.add_argument("--workloads", help="comma-separated workload names or ids (e.g. larson,mixed/t2)")
     ap.add_argument("--threads", help="comma-separated thread counts (default: 1,2,4 and more on bigger machines; "
@@ -434,7 +504,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", choices=("smoke", "quick", "full"), default="quick",
                     help="scaling: the problem sizes of this mode (default quick)")
     ap.add_argument("--docs-section", metavar="NAME",
-                    help="scaling: also write the tables between <!-- scaling:NAME begin --> and <!-- scaling:NAME "
+                    help="scaling, mbench: also write the tables between <!-- MODE:NAME begin --> and <!-- MODE:NAME "
                          "end --> of docs/PERFORMANCE.md (replacing that section, or appending it)")
     ap.add_argument("--docs-file", metavar="PATH", help="the page --docs-section writes (default docs/PERFORMANCE.md)")
     ap.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
@@ -444,13 +514,28 @@ def main(argv=None) -> int:
     ap.add_argument("--bin-dir", help="folder of the mallard-bench-* programs (default: $MALLARD_BUILD_DIR/bin, "
                                       "else build/bin)")
     ap.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write matplotlib plots")
+    ap.add_argument("--timeout", type=float, metavar="S",
+                    help="seconds before one run counts as failed (default: smoke/quick 60, full/scaling 180, "
+                         "mbench 300)")
+    ap.add_argument("--mbench-dir", metavar="DIR", help="mbench: the folder of mimalloc-bench's built programs")
+    ap.add_argument("--programs", help="mbench: comma-separated programs (default: all of "
+                                       + ",".join(mimalloc_bench.PROGRAMS) + ")")
+    ap.add_argument("--run-s", type=float, metavar="S",
+                    help="mbench: run time of the fixed-time programs whose arguments set one (xmalloc-test -t, "
+                         "larson's first argument; default: their standard 5 s)")
     a = ap.parse_args(argv)
-    if a.mode != "scaling" and (a.docs_section or a.docs_file):
-        print("bench: --docs-section and --docs-file belong to the scaling mode", file=sys.stderr)
+    if a.mode not in ("scaling", "mbench") and (a.docs_section or a.docs_file):
+        print("bench: --docs-section and --docs-file belong to the scaling and mbench modes", file=sys.stderr)
         return 2
-    if a.mode == "scaling" and a.docs:
-        print("bench: the scaling mode never rewrites docs/PERFORMANCE.md; --docs-section NAME writes one section",
+    if a.mode in ("scaling", "mbench") and a.docs:
+        print(f"bench: the {a.mode} mode never rewrites docs/PERFORMANCE.md; --docs-section NAME writes one section",
               file=sys.stderr)
+        return 2
+    if a.mode != "mbench" and (a.mbench_dir or a.programs or a.run_s is not None):
+        print("bench: --mbench-dir, --programs and --run-s belong to the mbench mode", file=sys.stderr)
+        return 2
+    if a.mode == "mbench" and a.workloads:
+        print("bench: the mbench mode takes --programs, not --workloads", file=sys.stderr)
         return 2
     if a.docs_section and not mbench_scaling.SECTION_NAME.match(a.docs_section):
         print(f"bench: --docs-section {a.docs_section!r}: letters, digits, '.', '_' and '-' only", file=sys.stderr)
@@ -472,18 +557,21 @@ def main(argv=None) -> int:
         print("bench: warning: mallard-measure (built with tools/tracer) not found; peak RSS of small runs will "
               "include the runner's own RSS", file=sys.stderr)
     missing = [p for p in ("larson", "fastpath") if not (bins / f"mallard-bench-{p}").exists()]
-    if missing:
+    if missing and a.mode != "mbench":  # the mbench mode runs programs from outside the repository only
         print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "
               f"(or set MALLARD_BUILD_DIR)", file=sys.stderr)
         return 2
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(a.out) if a.out else REPO / "results" / f"{stamp}-{a.mode}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if a.mode != "mbench":  # the mbench mode checks its own options first, then makes the folder
+        out_dir.mkdir(parents=True, exist_ok=True)
     command = "cd " + str(REPO) + " && " + " ".join(shlex.quote(x) for x in [
         os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable,
         os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])])
     if a.mode == "scaling":
         return run_scaling(a, allocs, bins, peers, out_dir, stamp, command)
+    if a.mode == "mbench":
+        return run_mbench(a, allocs, peers, out_dir, stamp, command)
 
     repeats = a.repeats or REPEATS[a.mode]
     only = [w.strip() for w in a.workloads.split(",")] if a.workloads else None
@@ -508,7 +596,7 @@ def main(argv=None) -> int:
             break
     do_callgrind = a.callgrind if a.callgrind is not None else (a.mode == "full" and not only)
     do_docs = a.docs if a.docs is not None else (a.mode == "full" and not only)
-    timeout = TIMEOUT_S[a.mode]
+    timeout = a.timeout or TIMEOUT_S[a.mode]
     fp_iters = {"smoke": 20000, "quick": 2000000, "full": 5000000}[a.mode]
 
     raw = {"mode": a.mode, "repeats": repeats, "command": command, "started": stamp,
