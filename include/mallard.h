@@ -39,7 +39,10 @@ size_t mallard_sallocx(const void *p, int flags);
 void mallard_dallocx(void *p, int flags);
 void mallard_sdallocx(void *p, size_t size, int flags);
 
-/* True when p points into memory Mallard handed out (a cheap ownership check). */
+/* True when p points into memory Mallard handed out: a page of small blocks, a large block's span or a huge block's
+ * usable bytes (interior pointers too); false for any other address. Any address may be asked about, from any
+ * thread, even while Mallard unmaps the memory around it: it is never dereferenced. It may take the lock of the
+ * block's arena or of the huge blocks. */
 bool mallard_owns(const void *p);
 
 /* Give cached memory back to the OS now: this thread's empty pages (force: even the last of each class),

@@ -333,14 +333,6 @@ MLD_EXPORT size_t mallard_sallocx(const void *p, int flags) { (void)flags; retur
 MLD_EXPORT void mallard_dallocx(void *p, int flags) { (void)flags; dealloc(p); }
 MLD_EXPORT void mallard_sdallocx(void *p, size_t size, int flags) { (void)size; (void)flags; dealloc(p); }
 
-MLD_EXPORT bool mallard_owns(const void *p) {
-  segment_t *seg = segment_of(p);
-  if (!mld_owned(seg)) return mld_huge_find(p) != NULL;   /* beyond a huge block's first 4 MiB, or over-aligned */
-  if (seg->kind == SEG_HUGE) return mld_huge_find(p) == seg;
-  page_t *pg = page_of(seg, p);
-  return pg->kind == PAGE_SMALL || pg->kind == PAGE_LARGE;
-}
-
 /* Give back what can be given back; returns the bytes returned to the OS. */
 static size_t collect(bool force) {
   mld_ensure_init();

@@ -71,7 +71,22 @@ bool mld_large_resize_in_place(page_t *pg, size_t size) {
   return true;
 }
 
-/* ---- huge: one mapping per block, 4 MiB aligned, with a segment header in front ---- */
+/* ---- huge: one mapping per block, 4 MiB aligned, with a segment header in front ----
+ * mld_huge_find reads the header of a marked huge mapping under huge_lock: so a huge mapping's ownership bit is
+ * cleared only under huge_lock (and before the mapping is unmapped, moved or merged away), and the bounds of a
+ * marked mapping's block change only under huge_lock, or before the bit is set, or while `user` is NULL. */
+
+static void huge_max_note(size_t map_size) {
+  size_t cur = atomic_load_explicit(&huge_max_map, memory_order_relaxed);
+  while (map_size > cur && !atomic_compare_exchange_weak(&huge_max_map, &cur, map_size)) {}
+}
+
+/* Clear the ownership bit of a huge mapping about to be unmapped or moved (huge_lock not held). */
+static void huge_unmark(segment_t *seg) {
+  pthread_mutex_lock(&huge_lock);
+  mld_owner_set(seg, false);
+  pthread_mutex_unlock(&huge_lock);
+}
 
 static void cache_push(segment_t *seg) {   /* huge_lock held */
   __atomic_store_n(&seg->user, NULL, __ATOMIC_RELEASE);   /* a cached mapping holds no block: a second free of the old pointer is reported, not cached */
@@ -104,6 +119,7 @@ static void cache_insert_coalesced(segment_t *seg) {
       mprotect((uint8_t *)lo + lo->map_size - MLD_OS_PAGE, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
 #endif
       lo->map_size += hi->map_size;
+      huge_max_note(lo->map_size);   /* mld_huge_find walks down no further than the largest mapping: merged ones count */
       if (hi->dirty_since > lo->dirty_since) lo->dirty_since = hi->dirty_since;
       mld_owner_set(hi, false);
       seg = lo;
@@ -126,20 +142,13 @@ static void cache_make_room(size_t need) {
   }
 }
 
-static void huge_max_note(size_t map_size) {
-  size_t cur = atomic_load_explicit(&huge_max_map, memory_order_relaxed);
-  while (map_size > cur && !atomic_compare_exchange_weak(&huge_max_map, &cur, map_size)) {}
-}
-
-/* mremap a huge mapping, keeping the ownership map right: the old granule's bit is cleared before the mapping
- * may move (once mremap has released the old range, another thread may map there and set its own bit), and set
- * again where the mapping is afterwards (restored when mremap fails). */
+/* mremap a huge mapping, keeping the ownership map right: the caller has cleared the old granule's bit before the
+ * mapping may move (once mremap has released the old range, another thread may map there and set its own bit), and
+ * sets it again where the mapping is afterwards (where it was, when mremap fails), once the header is up to date. */
 static segment_t *huge_remap(segment_t *seg, size_t old_size, size_t new_size) {
-  mld_owner_set(seg, false);
   MLD_RACE_WINDOW();
   segment_t *ns = mld_os_remap(seg, old_size, new_size, MLD_SEGMENT_SIZE);
   MLD_RACE_WINDOW();
-  mld_owner_set(ns ? ns : seg, true);
   if (ns) huge_max_note(new_size);
   return ns;
 }
@@ -183,14 +192,15 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
       if (s->map_size > big->map_size) big = s;
     cache_unlink(big);
     size_t old_size = big->map_size;
+    mld_owner_set(big, false);
     segment_t *grown = huge_remap(big, old_size, need);
     if (grown) {
       *dirty = old_size;   /* the part added by mremap is fresh (zero) memory */
       grown->map_size = need;
       best = grown;
-    } else {
-      cache_push(big);
     }
+    mld_owner_set(grown ? grown : big, true);
+    if (!grown) cache_push(big);
   }
 #endif
   if (!best) cache_make_room(need);
@@ -302,7 +312,7 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
     mld_huge_cache_age();
     return;
   }
-  if (owned) mld_owner_set(seg, false);
+  if (owned) huge_unmark(seg);
   mld_os_unmap(seg, seg->map_size);
 }
 
@@ -314,25 +324,37 @@ void mld_huge_cache_age(void) {
   mld_huge_cache_purge(false);
 }
 
-/* The huge block whose mapping contains p (interior pointers too), or NULL: walks the ownership map down from
- * p's granule to the nearest marked one, no further than the largest huge mapping. Not a fast path. */
+/* The nearest granule at or below p's that the ownership map marks, no further down than the largest huge mapping
+ * reaches, and its kind (0 and NULL when there is none). Headers are read through mld_owns_peek only. */
+static segment_t *nearest_marked(const void *p, int *kind) {
+  uintptr_t g = (uintptr_t)p >> MLD_SEGMENT_SHIFT;
+  uintptr_t steps = atomic_load(&huge_max_map) >> MLD_SEGMENT_SHIFT;
+  for (uintptr_t i = 0; i <= steps && i <= g; i++) {
+    segment_t *seg = (segment_t *)((g - i) << MLD_SEGMENT_SHIFT);
+    if (mld_owned(seg) && (*kind = mld_owns_peek(seg, NULL)) != 0) return seg;   /* a cheap look first */
+  }
+  *kind = 0;
+  return NULL;
+}
+
+/* The huge block whose usable bytes contain p (interior pointers too), or NULL; only whether it is NULL may be used
+ * (the block may be freed once huge_lock is released). The nearest marked granule at or below p is the only mapping
+ * with a bit that can hold p: no marked header lies inside a mapping. Its block's bounds are read under huge_lock,
+ * which keeps a marked huge mapping in place; the lock-free walk first spares it to addresses near no huge mapping. */
 void *mld_huge_find(const void *p) {
   uintptr_t g = (uintptr_t)p >> MLD_SEGMENT_SHIFT;
   if (!p || g >= ((uintptr_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT))) return NULL;
-  size_t max = atomic_load(&huge_max_map);
-  uintptr_t steps = max >> MLD_SEGMENT_SHIFT;
-  for (uintptr_t i = 0; i <= steps && i <= g; i++) {
-    const segment_t *seg = (const segment_t *)((g - i) << MLD_SEGMENT_SHIFT);
-    if (!mld_owned(seg)) continue;
-    if (seg->kind == SEG_HUGE) {   /* the nearest marked granule below p: p is in this block or in none marked */
-      const uint8_t *user = __atomic_load_n(&seg->user, __ATOMIC_ACQUIRE);
-      if (user && (const uint8_t *)p >= user && (const uint8_t *)p < user + seg->user_size) return (void *)seg;
-    }
-    break;
-  }
-  if (big_aligned_empty()) return NULL;   /* blocks aligned beyond a segment have no bit: look them up */
+  int kind;
+  bool near_huge = nearest_marked(p, &kind) && kind == SEG_HUGE;
+  if (!near_huge && big_aligned_empty()) return NULL;   /* blocks aligned beyond a segment have no bit: a list */
   segment_t *found = NULL;
   pthread_mutex_lock(&huge_lock);
+  segment_t *seg = near_huge ? nearest_marked(p, &kind) : NULL;   /* again, now that huge mappings stay put */
+  if (seg && kind == SEG_HUGE) {
+    MLD_RACE_WINDOW();   /* a free of this block now must wait for huge_lock before unmapping it */
+    const uint8_t *user = __atomic_load_n(&seg->user, __ATOMIC_ACQUIRE);   /* NULL while cached (or being taken) */
+    if (user && (const uint8_t *)p >= user && (const uint8_t *)p < user + seg->user_size) found = seg;
+  }
   for (segment_t *s = big_aligned; s && !found; s = s->next)
     if ((const uint8_t *)p >= (const uint8_t *)s->user && (const uint8_t *)p < (const uint8_t *)s->user + s->user_size) found = s;
   pthread_mutex_unlock(&huge_lock);
@@ -393,13 +415,23 @@ void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  if (need == seg->map_size) { seg->user_size = need - off; return seg->user; }
+  if (need == seg->map_size) {
+    pthread_mutex_lock(&huge_lock);
+    seg->user_size = need - off;
+    pthread_mutex_unlock(&huge_lock);
+    return seg->user;
+  }
   size_t old = seg->map_size;
+  huge_unmark(seg);
   segment_t *ns = huge_remap(seg, old, need);
-  if (!ns) return NULL;
+  if (!ns) {
+    mld_owner_set(seg, true);
+    return NULL;
+  }
   ns->map_size = need;
   ns->user_size = need - off;
   __atomic_store_n(&ns->user, (uint8_t *)ns + off, __ATOMIC_RELEASE);
+  mld_owner_set(ns, true);
   if (need > old) atomic_fetch_add(&mld_huge_active, need - old);
   else atomic_fetch_sub(&mld_huge_active, old - need);
   MLD_STAT_ADD(h, huge_bytes_alloc, need > old ? need - old : 0);
@@ -415,11 +447,16 @@ bool mld_huge_resize_within(segment_t *seg, size_t size) {
 #endif
   size_t cap = seg->map_size - off - guard;
   if (size > cap) return false;
-  seg->user_size = round_up(off + size, MLD_OS_PAGE) - off;
-  if (seg->user_size > cap) seg->user_size = cap;
+  size_t user_size = round_up(off + size, MLD_OS_PAGE) - off;
+  pthread_mutex_lock(&huge_lock);
+  seg->user_size = user_size < cap ? user_size : cap;
+  pthread_mutex_unlock(&huge_lock);
   return true;
 }
 
 void mld_huge_fork_prepare(void) { pthread_mutex_lock(&huge_lock); }
 void mld_huge_fork_parent(void) { pthread_mutex_unlock(&huge_lock); }
-void mld_huge_fork_child(void) { pthread_mutex_init(&huge_lock, NULL); }
+void mld_huge_fork_child(void) {
+  pthread_mutex_init(&huge_lock, NULL);
+  mld_owns_fork_child();
+}

@@ -104,7 +104,10 @@ void mld_owner_set(const void *seg, bool on) {
   if (g >= ((uintptr_t)1 << (MLD_ADDR_BITS - MLD_SEGMENT_SHIFT))) return;
   uint64_t bit = (uint64_t)1 << (g & 63);
   if (on) atomic_fetch_or_explicit(&mld_owner_map[g >> 6], bit, memory_order_release);
-  else atomic_fetch_and_explicit(&mld_owner_map[g >> 6], ~bit, memory_order_release);
+  else {
+    atomic_fetch_and_explicit(&mld_owner_map[g >> 6], ~bit, memory_order_seq_cst);   /* seq_cst: see owns.c */
+    mld_owns_quiesce(seg);   /* no reader of the header is left: it may be unmapped, moved or reused */
+  }
 }
 
 bool mld_os_init(void) { return true; }
