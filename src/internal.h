@@ -390,7 +390,7 @@ MLD_HIDDEN void mld_huge_fork_parent(void);
 MLD_HIDDEN void mld_huge_fork_child(void);
 extern _Atomic(uint64_t) mld_huge_active MLD_HIDDEN;
 extern _Atomic(uint64_t) mld_huge_cached MLD_HIDDEN;
-/* owns.c: reading the header at a granule the ownership map marks, safe while other threads unmap segments */
+/* hazard.c: reading the header at a granule the ownership map marks, safe while other threads unmap segments */
 MLD_HIDDEN int mld_owns_peek(const void *seg, arena_t **arena);   /* its kind (and arena), 0 when not marked */
 MLD_HIDDEN void mld_owns_quiesce(const void *seg);                /* bit just cleared: waits for its readers */
 MLD_HIDDEN void mld_owns_fork_child(void);

@@ -43,8 +43,7 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   MLD_STAT_ADD(h, large_nmalloc, 1);
   MLD_STAT_ADD(h, large_bytes_alloc, pg->large_size);
   __atomic_fetch_add(&segment_of(pg)->arena->large_active, pg->large_size, __ATOMIC_RELAXED);
-  mld_purge_thread_maybe_start();
-  return p;
+  return p;   /* api.c starts the purging thread, if due, once this returns */
 }
 
 void mld_large_free(heap_t *h, page_t *pg, void *p) {
@@ -270,9 +269,7 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   MLD_STAT_ADD(h, huge_nmalloc, 1);
   MLD_STAT_ADD(h, huge_bytes_alloc, seg->user_size);
   void *user = seg->user;
-  mld_huge_cache_age();
-  mld_purge_thread_maybe_start();
-  return user;
+  return user;   /* api.c ages the huge cache and starts the purging thread, if due, once this returns */
 }
 
 /* Find (and optionally unlink) the header of a huge block aligned beyond a segment. */
