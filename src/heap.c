@@ -574,7 +574,8 @@ size_t mld_heaps_sweep(bool force) {
   for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
     if (!mld_spin_trylock(&h->lock)) { busy = true; continue; }
     /* An owner that refilled within the delay will find its parked pages itself (and reuse them). */
-    if (force || now - atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed) >= age) bytes += sweep_parked(h);
+    uint64_t last = atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed);
+    if (force || (last <= now && now - last >= age)) bytes += sweep_parked(h);
     else busy |= parked_pending(h);
     mld_spin_unlock(&h->lock);
   }
