@@ -383,14 +383,5 @@ __attribute__((visibility("default"))) int malloc_trim(size_t pad) {
   (void)pad;
   return collect(true) > 0;
 }
-/* glibc: 1 on success, 0 on error. M_ARENA_MAX (-8) caps the arenas threads spread over; every other parameter
- * is glibc's own heap tuning, which does not apply: 0, as glibc answers for a parameter it does not know. */
-__attribute__((visibility("default"))) int mallopt(int param, int value) {
-  if (param == -8 /* M_ARENA_MAX */ && value >= 1 && value <= MLD_MAX_ARENAS) {
-    mld_ensure_init();
-    atomic_store(&mld_arena_cap, (unsigned)value);
-    return 1;
-  }
-  return 0;
-}
+/* mallopt, mallinfo2, mallinfo, malloc_stats, malloc_info: compat_glibc.c. */
 #endif

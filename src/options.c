@@ -14,8 +14,10 @@
 
 options_t mld_opt;
 
-/* A program may define `const char *mallard_conf = "key:value,...";` (lowest priority). */
+/* A program may define `const char *mallard_conf = "key:value,...";`. */
 extern const char *mallard_conf __attribute__((weak));
+/* jemalloc's equivalent, for programs written for jemalloc (read by the replacing libraries only, lowest priority). */
+extern const char *malloc_conf __attribute__((weak));
 
 static const char *const thp_names[] = { "default", "madvise", "always", "never" };   /* thp -1 is "never" */
 
@@ -76,7 +78,32 @@ typedef struct conf_src_s {
   const char *name;
   bool from_file;
   unsigned line;
+  bool jemalloc;   /* jemalloc's MALLOC_CONF / malloc_conf: keys without a Mallard meaning are only listed */
 } conf_src_t;
+
+/* jemalloc's keys that mean the same in Mallard, same name, same values (docs/COMPAT.md); any other key of a
+ * jemalloc source is ignored and named in one line on stderr. */
+static const char *const jemalloc_keys[] = { "narenas", "dirty_decay_ms", "background_thread", "retain", "thp",
+                                             "abort_conf", "stats_print" };
+
+/* The keys of one jemalloc source that were ignored, comma-separated (cut at the buffer's end, with "..."). */
+static char ignored_buf[256];
+static size_t ignored_len;
+
+static void note_ignored(const char *k, size_t kl) {
+  if (ignored_len + kl + 6 >= sizeof ignored_buf) {   /* room for ", ", the key, "..." and the NUL */
+    if (ignored_len + 4 < sizeof ignored_buf && (ignored_len < 3 || memcmp(ignored_buf + ignored_len - 3, "...", 3))) {
+      memcpy(ignored_buf + ignored_len, "...", 3);
+      ignored_len += 3;
+      ignored_buf[ignored_len] = 0;
+    }
+    return;
+  }
+  if (ignored_len) { memcpy(ignored_buf + ignored_len, ", ", 2); ignored_len += 2; }
+  memcpy(ignored_buf + ignored_len, k, kl);
+  ignored_len += kl;
+  ignored_buf[ignored_len] = 0;
+}
 
 static const char *const known_keys =
     "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
@@ -160,6 +187,15 @@ static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) 
 }
 
 static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
+  if (src->jemalloc) {
+    bool mapped = false;
+    for (size_t i = 0; i < sizeof jemalloc_keys / sizeof jemalloc_keys[0]; i++)
+      if (strlen(jemalloc_keys[i]) == kl && !memcmp(jemalloc_keys[i], k, kl)) mapped = true;
+    if (!mapped) {
+      note_ignored(k, kl);
+      return;
+    }
+  }
   const opt_desc_t *d = NULL;
   for (size_t i = 0; i < NDESCS; i++)
     if (strlen(descs[i].name) == kl && !memcmp(descs[i].name, k, kl)) { d = &descs[i]; break; }
@@ -266,14 +302,14 @@ static const char *file_kind(mode_t m) {
 static void read_conf_file(void) {
   const char *path = secure_getenv("MALLARD_CONF_PATH");   /* test and packaging override of /etc/mallard.conf */
   if (!path) path = "/etc/mallard.conf";
-  conf_src_t src = { path, true, 0 };
+  conf_src_t src = { path, true, 0, false };
   struct stat st;
   if (stat(path, &st) != 0) {
     int err = errno;
     if (err == ENOENT) {
       ssize_t n = readlink(path, file_buf, sizeof file_buf);
       if (n > 0 && (size_t)n < sizeof file_buf) {
-        conf_src_t link = { path, false, 0 };   /* a link's target name is public (ls -l shows it) */
+        conf_src_t link = { path, false, 0, false };   /* a link's target name is public (ls -l shows it) */
         parse_conf(&link, file_buf, (size_t)n);
       }
       return;   /* no file: the defaults are meant */
@@ -317,10 +353,28 @@ static void read_conf_file(void) {
 
 /* In secure-execution mode (set-UID, set-GID, file capabilities) the user's environment is not trusted, as glibc
  * does for MALLOC_*: secure_getenv answers NULL for MALLARD_CONF and MALLARD_CONF_PATH. */
+#ifdef MALLARD_OVERRIDE
+/* A jemalloc source: its mapped keys applied, the others named in one line. */
+static void parse_jemalloc_conf(const char *name, const char *text) {
+  conf_src_t src = { name, false, 0, true };
+  ignored_len = 0;
+  ignored_buf[0] = 0;
+  parse_conf(&src, text, strlen(text));
+  if (ignored_len)
+    mld_message("mallard: %s: ignored (no Mallard equivalent): %s; see docs/COMPAT.md\n", name, ignored_buf);
+}
+#endif
+
 void mld_options_init(void) {
   set_defaults();
   bad_conf = false;
-  conf_src_t prog = { "mallard_conf", false, 0 }, envsrc = { "MALLARD_CONF", false, 0 };
+  conf_src_t prog = { "mallard_conf", false, 0, false }, envsrc = { "MALLARD_CONF", false, 0, false };
+#ifdef MALLARD_OVERRIDE
+  /* jemalloc's sources first (lowest priority): the program's malloc_conf, then MALLOC_CONF. */
+  if (&malloc_conf != NULL && malloc_conf) parse_jemalloc_conf("malloc_conf", malloc_conf);
+  const char *je_env = secure_getenv("MALLOC_CONF");
+  if (je_env) parse_jemalloc_conf("MALLOC_CONF", je_env);
+#endif
   if (&mallard_conf != NULL && mallard_conf) parse_conf(&prog, mallard_conf, strlen(mallard_conf));
   read_conf_file();
   const char *env = secure_getenv("MALLARD_CONF");
