@@ -114,7 +114,12 @@ static void test_names(void) {
 static void test_mib_index(void) {
   size_t mib[8], ml = 8;
   REQUIRE(mallctlnametomib("stats.arenas.0.pactive", mib, &ml) == 0 && ml == 4, "nametomib stats.arenas.0.pactive");
-  size_t all = 0, l = sizeof all;
+  CHECK(mib[2] == 0, "an index component must be the index itself (mib[2] = %zu)", mib[2]);
+  size_t one = 0, direct = 0, l = sizeof one;
+  CHECK(mallctlbymib(mib, ml, &one, &l, NULL, 0) == 0, "bymib stats.arenas.0.pactive failed");
+  CHECK(mallctl("stats.arenas.0.pactive", &direct, &l, NULL, 0) == 0 && one == direct,
+        "bymib %zu != mallctl %zu for stats.arenas.0.pactive", one, direct);
+  size_t all = 0;
   mib[2] = MALLCTL_ARENAS_ALL;
   CHECK(mallctlbymib(mib, ml, &all, &l, NULL, 0) == 0, "bymib stats.arenas.4096.pactive failed");
   size_t active = rd_size("stats.active"), page = 4096;
@@ -141,7 +146,7 @@ static void test_growth(void) {
   CHECK(small_after >= small_before + want && small_after <= small_before + want + want / 3,
         "small.allocated %zu -> %zu", small_before, small_after);
   /* The bin of these blocks holds at least N of them. */
-  unsigned nbins = 0, found = 0;
+  unsigned nbins = 0, found = 0, jfound = 0;
   RD(unsigned, "arenas.nbins", nbins);
   size_t sum = 0;
   for (unsigned j = 0; j < nbins; j++) {
@@ -155,7 +160,7 @@ static void test_growth(void) {
     snprintf(name, sizeof name, "stats.arenas.%u.bins.%u.curslabs", MALLCTL_ARENAS_ALL, j);
     len = sizeof slabs;
     CHECK(mallctl(name, &slabs, &len, NULL, 0) == 0, "%s", name);
-    if (regs >= N && sz >= SZ && slabs >= (regs * sz) / (1 << 20)) found++;
+    if (regs >= N && sz >= SZ && slabs >= (regs * sz) / (1 << 20)) { found++; jfound = j; }
     sum += regs * sz;
   }
   CHECK(found == 1, "no bin (or several) holds the %d blocks", N);
@@ -169,6 +174,11 @@ static void test_growth(void) {
   CHECK(mi.uordblks > 0 && (size_t)mi.uordblks >= after - (1 << 16), "mallinfo.uordblks %d", mi.uordblks);
   for (int i = 0; i < N; i++) free(blocks[i]);
   refresh();
+  char bin[96];
+  size_t regs_after = 0, rl = sizeof regs_after;
+  snprintf(bin, sizeof bin, "stats.arenas.%u.bins.%u.curregs", MALLCTL_ARENAS_ALL, jfound);
+  CHECK(mallctl(bin, &regs_after, &rl, NULL, 0) == 0 && regs_after < N / 10, "%s = %zu after freeing the blocks",
+        bin, regs_after);
   size_t freed = rd_size("stats.allocated");
   CHECK(freed <= before + (1 << 16), "stats.allocated %zu after freeing everything (was %zu)", freed, before);
 }
