@@ -351,8 +351,6 @@ static void read_conf_file(void) {
   parse_conf(&src, file_buf, n);
 }
 
-/* In secure-execution mode (set-UID, set-GID, file capabilities) the user's environment is not trusted, as glibc
- * does for MALLOC_*: secure_getenv answers NULL for MALLARD_CONF and MALLARD_CONF_PATH. */
 #ifdef MALLARD_OVERRIDE
 /* A jemalloc source: its mapped keys applied, the others named in one line. */
 static void parse_jemalloc_conf(const char *name, const char *text) {
@@ -365,6 +363,8 @@ static void parse_jemalloc_conf(const char *name, const char *text) {
 }
 #endif
 
+/* In secure-execution mode (set-UID, set-GID, file capabilities) the user's environment is not trusted, as glibc
+ * does for MALLOC_*: secure_getenv answers NULL for MALLARD_CONF, MALLARD_CONF_PATH and MALLOC_CONF. */
 void mld_options_init(void) {
   set_defaults();
   bad_conf = false;
