@@ -68,6 +68,10 @@ class WhichResult:
     exe: str = ""
     ld_preload: str | None = None
     unreadable: bool = False  # no mappings could be read (a kernel thread, a zombie)
+    # What decided: "got" (the malloc slot the process resolved, read from its memory), "loader-order" (the loader's
+    # search order from the ELF files; LD_PRELOAD from /proc/PID/environ), "mappings" (the mapped files alone).
+    method: str = ""
+    slot: dict | None = None  # with "got": the object, symbol, relocation, slot address, value and target file
 
 
 def _mapped_files(maps_text: str) -> list[str]:
@@ -182,23 +186,128 @@ def search_order(exe: str, files: list[str], preload: str | None) -> tuple[list[
     return order, True
 
 
+def _m(method: str, w: WhichResult) -> WhichResult:
+    w.method = method
+    return w
+
+
+_LIBC = re.compile(r"libc(-[\d.]+)?\.so")
+
+
+def _environ_preload(pid: int) -> str | None:
+    """LD_PRELOAD as /proc/PID/environ shows it: only a hint, since a process may write over that memory."""
+    try:
+        env = _read(pid, "environ", binary=True)
+    except ProcessError:
+        return None
+    preload = None
+    for item in env.split(b"\0"):
+        if item.startswith(b"LD_PRELOAD="):
+            preload = item[len(b"LD_PRELOAD="):].decode(errors="replace")
+    return preload
+
+
+def resolved_slot(pid: int, maps_text: str, exe: str, files: list[str]):
+    """The malloc slot the process resolved: from the executable's relocations, else libc's, else the first mapped
+    object's that imports malloc. Returns (Slot, "") or (None, why it cannot be used)."""
+    from . import gotslot as gs
+
+    maps = gs.parse_maps(maps_text)
+    libc = [f for f in files if _LIBC.match(os.path.basename(f))]
+    candidates = ([exe] if exe in files else []) + libc + [f for f in files if f != exe and f not in libc]
+    unbound: list[str] = []
+    for obj in candidates:
+        try:
+            slot = gs.read_slot(pid, maps, obj, "malloc")
+        except gs.SlotError as e:
+            return None, str(e)
+        if slot is None:
+            continue
+        e = _elf(obj)
+        if slot.target == obj and not (e and e.defines_malloc):
+            unbound.append(obj)  # lazy binding: it still points into the object's own PLT; try the next one
+            continue
+        if slot.target is None:
+            return None, f"the malloc slot of {obj} holds {slot.value:#x}, which is in no mapped file"
+        slot.unbound = unbound
+        return slot, ""
+    if unbound:
+        return None, ("the malloc slot of " + ", ".join(unbound) + " is not bound yet (lazy binding: it still points "
+                      "into the object's own PLT)")
+    return None, "no mapped object imports malloc through a relocation slot (statically linked)"
+
+
 def which(pid: int) -> WhichResult:
     maps = _read(pid, "maps")
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         exe = ""
-    preload = None
-    try:
-        env = _read(pid, "environ", binary=True)
-        for item in env.split(b"\0"):
-            if item.startswith(b"LD_PRELOAD="):
-                preload = item[len(b"LD_PRELOAD="):].decode(errors="replace")
-    except ProcessError:
-        pass
+    preload = _environ_preload(pid)
     if not maps.strip():
         return WhichResult(pid, None, [], _why_no_mappings(pid), exe=exe, unreadable=True)
     files = _mapped_files(maps)
+    base = _by_order(pid, maps, exe, preload, files)
+    slot, why_not = resolved_slot(pid, maps, exe, files)
+    if slot is None:
+        base.reason += f" [decided by the {base.method.replace('-', ' ')}: {why_not}]"
+        return base
+    target = slot.target
+    name = allocator_name(target)
+    where = (f"decided by the malloc slot ({slot.kind}) of {slot.obj}, read from the process's memory: it holds "
+             f"{slot.value:#x}, in {target}")
+    if slot.unbound:
+        where += " (the slot of " + ", ".join(slot.unbound) + " is not bound yet: lazy binding)"
+    info = {"object": slot.obj, "symbol": "malloc", "relocation": slot.kind, "address": hex(slot.address),
+            "value": hex(slot.value), "target": target}
+    free_note = ""
+    from . import gotslot as gs
+
+    try:
+        fslot = gs.read_slot(pid, gs.parse_maps(maps), slot.obj, "free")
+    except gs.SlotError:  # free is only a cross-check
+        fslot = None
+    if fslot is not None and fslot.target not in (None, slot.obj):
+        info["free_target"] = fslot.target
+        if fslot.target != target:
+            free_note = f"; but its free slot points into {fslot.target}"
+    base.slot = info
+    if name == "mallard-tracer":
+        # The tracer forwards every call to the next definition in the loader's order.
+        base.reason += f" [{where}, the mallard-tracer, which forwards to the allocator behind it]"
+        return base
+    if target == exe:
+        base.allocator = None
+        base.reason = (f"the executable {exe} defines malloc itself (an allocator linked in statically) [{where}]")
+        return _m("got", base)
+    if name is None and _LIBC.match(os.path.basename(target)):
+        name = "glibc"
+    needed_order, exact = search_order(exe, files, None)
+    preloaded_env = {os.path.realpath(x) for x in _preload_list(preload) if "/" in x}
+    preloaded = os.path.realpath(target) in preloaded_env or os.path.basename(target) in (preload or "") or \
+        (exact and target not in needed_order)
+    how = f"{target} " + ("is preloaded (LD_PRELOAD), so its malloc comes first" if preloaded
+                          else "defines the first malloc in the loader's search order")
+    alloc_libs = [target] if allocator_name(target) not in (None, "mallard-tracer") else []
+    alloc_libs += [f for f in base.libraries if f != target]
+    others = [f for f in alloc_libs if f != target]
+    if others:
+        how += "; also linked, but behind it: " + ", ".join(others)
+    later = [f for f in files if allocator_name(f) not in (None, "mallard-tracer") and f not in needed_order
+             and f != target and os.path.realpath(f) not in preloaded_env]
+    if later:
+        how += "; also mapped but loaded later (dlopen), so not serving malloc: " + ", ".join(later)
+    if preloaded and not preload:
+        how += "; /proc/PID/environ shows no LD_PRELOAD: the process has written over its environment (e.g. its title)"
+    if base.allocator != (name or os.path.basename(target)):
+        how += f"; the environment and the loader's order alone would say {base.allocator or 'cannot tell'}"
+    how += f" [{where}{free_note}]"
+    return _m("got", WhichResult(pid, name or os.path.basename(target), alloc_libs, how, base.traced, exe, preload,
+                                 slot=info))
+
+
+def _by_order(pid: int, maps: str, exe: str, preload: str | None, files: list[str]) -> WhichResult:
+    """The allocator as the loader's search order (LD_PRELOAD from /proc/PID/environ) or the mappings say."""
     traced = any(allocator_name(f) == "mallard-tracer" for f in files)
     order, exact = search_order(exe, files, preload)
     alloc_libs = [f for f in order if allocator_name(f) not in (None, "mallard-tracer")]
@@ -214,8 +323,9 @@ def which(pid: int) -> WhichResult:
             if not (e and e.defines_malloc):
                 continue
             if obj == exe:
-                return WhichResult(pid, None, alloc_libs, f"the executable {exe} defines malloc itself (an allocator "
-                                   "linked in statically)", traced, exe, preload)
+                return _m("loader-order", WhichResult(pid, None, alloc_libs, f"the executable {exe} defines malloc "
+                                                      "itself (an allocator linked in statically)", traced, exe,
+                                                      preload))
             if name is None and re.match(r"libc(-[\d.]+)?\.so", os.path.basename(obj)):
                 name = "glibc"
             how = f"{obj} " + ("is preloaded (LD_PRELOAD), so its malloc comes first"
@@ -224,23 +334,24 @@ def which(pid: int) -> WhichResult:
             others = [f for f in alloc_libs if f != obj]
             if others:
                 how += "; also linked, but behind it: " + ", ".join(others)
-            return WhichResult(pid, name or os.path.basename(obj), alloc_libs, how + note_later, traced, exe, preload)
+            return _m("loader-order", WhichResult(pid, name or os.path.basename(obj), alloc_libs, how + note_later,
+                                                  traced, exe, preload))
     # The ELF files could not be read: fall back to the mappings alone.
     real = [f for f in files if allocator_name(f) not in (None, "mallard-tracer")]
     if real:
         how = f"{real[0]} is mapped (the ELF files could not be read to check the loader's order)"
-        return WhichResult(pid, allocator_name(real[0]), real, how, traced, exe, preload)
+        return _m("mappings", WhichResult(pid, allocator_name(real[0]), real, how, traced, exe, preload))
     libc = [p for p in files if re.match(r"libc(-[\d.]+)?\.so", os.path.basename(p))]
     if libc:
-        return WhichResult(pid, "glibc", [], f"no other allocator library is mapped; malloc comes from {libc[0]}",
-                           traced, exe, preload)
+        return _m("mappings", WhichResult(pid, "glibc", [], f"no other allocator library is mapped; malloc comes from "
+                                          f"{libc[0]}", traced, exe, preload))
     # No libc mapped: a static binary (or one with another C library); the allocator is inside the executable.
     hint = _static_hint(pid)
     why = "cannot tell: no C library is mapped, so the program is statically linked and its allocator is built into " \
           f"{exe or 'the executable'}"
     if hint:
         why += f"; the executable mentions {hint}"
-    return WhichResult(pid, None, [], why, traced, exe, preload)
+    return _m("mappings", WhichResult(pid, None, [], why, traced, exe, preload))
 
 
 def is_kernel_thread(pid: int) -> bool:
