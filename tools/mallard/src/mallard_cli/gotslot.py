@@ -114,6 +114,10 @@ def load_bias(maps: list[MapRange], path: str, min_vaddr: int) -> int | None:
     return None if first is None else first.start - min_vaddr
 
 
+def _denied(path: str) -> str:
+    return f"cannot read {path}: permission denied (only the process's owner, with ptrace allowed, or root can)"
+
+
 def read_word(pid: int, address: int, word: int = 8, little: bool = True) -> int:
     path = f"/proc/{pid}/mem"
     try:
@@ -121,8 +125,7 @@ def read_word(pid: int, address: int, word: int = 8, little: bool = True) -> int
     except FileNotFoundError:
         raise SlotError(f"process {pid} has exited") from None
     except PermissionError:
-        raise SlotError(f"cannot read {path}: permission denied (only the process's owner, with ptrace allowed, "
-                        "or root can)") from None
+        raise SlotError(_denied(path)) from None
     except OSError as e:
         raise SlotError(f"cannot open {path}: {e.strerror}") from None
     try:
@@ -130,8 +133,7 @@ def read_word(pid: int, address: int, word: int = 8, little: bool = True) -> int
     except ProcessLookupError:
         raise SlotError(f"process {pid} exited while being read") from None
     except PermissionError:
-        raise SlotError(f"cannot read {path}: permission denied (only the process's owner, with ptrace allowed, "
-                        "or root can)") from None
+        raise SlotError(_denied(path)) from None
     except OSError as e:
         raise SlotError(f"cannot read {path} at {address:#x}: {e.strerror}") from None
     finally:
