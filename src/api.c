@@ -107,15 +107,7 @@ static inline void dealloc(void *p) {
       mld_free_parked(p);                  /* p alone: the fast path keeps it in its argument register */
       return;
     }
-#ifdef MALLARD_SECURE
-    secure_owner_free(pg, b);
-    if (unlikely(mld_opt.zero_on_free)) memset(b, 0, pg->block_size);
-#endif
-    blk_set_next(pg, b, pg->free);      /* LIFO: the block just freed is the next one handed out (cache-warm) */
-    pg->free = b;
-#ifdef MALLARD_STATS
-    h->stats.cls[pg->size_class].nfree++;
-#endif
+    mld_owner_push(h, pg, b);
     /* empty, and not the current page that may stay (heap.c: make_current) */
     if (unlikely(--pg->used == 0) && !pg->keep_on_empty) retire(h, pg);
     return;

@@ -425,8 +425,9 @@ static bool keep_empty(heap_t *h, page_t *pg) {
 /* The owner freed a block of a parked (full) page, or the last block of a page. A parked page returns to the
  * class list; an empty page goes to the page cache or back to the arena, unless it is the only page of a
  * one-slot class (kept: a malloc/free loop must not thrash). Empty multi-slot pages always leave, so that
- * at most a 64 KiB page per small class stays with an idle thread. */
-static void page_retire_locked(heap_t *h, page_t *pg) {
+ * at most a 64 KiB page per small class stays with an idle thread. A parked page is retired under the heap lock
+ * (mld_free_parked); an unparked one without it: a sweep touches only full lists and parked pages. */
+void mld_page_retire(heap_t *h, page_t *pg) {
   unsigned c = pg->size_class;
   if (pg->in_full) {
     list_remove(&h->full[c], pg);
@@ -440,10 +441,6 @@ static void page_retire_locked(heap_t *h, page_t *pg) {
   page_release_or_cache(h, pg);
 }
 
-/* The owner emptied a page that is not parked (parked ones go through mld_free_parked): no lock, since a sweep
- * touches only the full lists and parked pages, and this changes neither. */
-void mld_page_retire(heap_t *h, page_t *pg) { page_retire_locked(h, pg); }
-
 /* The owner frees a block of one of its parked pages: under the heap lock, since a sweep may be giving the
  * page's remote frees back meanwhile (the fast path never writes a parked page). */
 void mld_free_parked(void *p) {
@@ -452,17 +449,9 @@ void mld_free_parked(void *p) {
   block_t *b = p;
   MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting this page meanwhile */
   mld_spin_lock(&h->lock);
-#ifdef MALLARD_SECURE
-  secure_owner_free(pg, b);
-  if (unlikely(mld_opt.zero_on_free)) memset(b, 0, pg->block_size);
-#endif
-  blk_set_next(pg, b, pg->free);
-  pg->free = b;
-#ifdef MALLARD_STATS
-  h->stats.cls[pg->size_class].nfree++;
-#endif
+  mld_owner_push(h, pg, b);
   pg->used--;
-  page_retire_locked(h, pg);
+  mld_page_retire(h, pg);
   mld_spin_unlock(&h->lock);
 }
 

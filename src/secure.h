@@ -102,4 +102,21 @@ static inline size_t mld_block_usable(size_t block_size) { return block_size; }
 static inline block_t *blk_next(const page_t *pg, const block_t *b) { (void)pg; return b->next; }
 static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) { (void)pg; b->next = n; }
 #endif
+
+/* The owner frees a block of its own page: the secure variant's checks, then a LIFO push on `free` (the block just
+ * freed is the next one handed out, cache-warm) and the count. Shared by the fast path (api.c) and the locked path
+ * into parked pages (heap.c). The caller decrements `used` and decides about retiring. */
+static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
+#ifdef MALLARD_SECURE
+  secure_owner_free(pg, b);
+  if (unlikely(mld_opt.zero_on_free)) __builtin_memset(b, 0, pg->block_size);
+#endif
+  blk_set_next(pg, b, pg->free);
+  pg->free = b;
+#ifdef MALLARD_STATS
+  h->stats.cls[pg->size_class].nfree++;
+#else
+  (void)h;
+#endif
+}
 #endif
