@@ -26,6 +26,29 @@ def ns_per_op(run: dict) -> float | None:
     return 1e9 * secs / ops
 
 
+def failed(c: dict, name: str) -> dict | None:
+    """The failure record of allocator `name` in cell c (not run, or a run that failed), None when every run succeeded."""
+    runs = c["runs"].get(name, [])
+    bad = [r for r in runs if not r["ok"]]
+    if runs and not bad:
+        return None
+    return {"ok": False, "error": bad[0]["error"] if bad else "not run", "failed_runs": len(bad), "runs": len(runs),
+            "repro": c.get("repro", {}).get(name, "")}
+
+
+def rate(per: dict, peers: tuple, metric: str) -> tuple | None:
+    """(best median, its peer) of `metric` among the peers that succeeded in a cell, and `<metric>_ratio` set on every
+    allocator that succeeded; None when no peer has the figure."""
+    cands = [(per[p][metric], p) for p in peers if p in per and per[p]["ok"] and per[p][metric]]
+    if not cands:
+        return None
+    best = min(cands)
+    for s in per.values():
+        if s["ok"] and s[metric]:
+            s[metric + "_ratio"] = s[metric] / best[0]
+    return best
+
+
 def summarize(raw: dict, peers: tuple) -> dict:
     """Per workload, thread count and allocator: ok/error, median ns/op and peak RSS (KiB), and each one's ratio to
     the best peer's median at that thread count (lower is better for both)."""
@@ -34,26 +57,17 @@ def summarize(raw: dict, peers: tuple) -> dict:
         w = out.setdefault(c["workload"], {})
         per = {}
         for name in raw["allocators"]:
-            runs = c["runs"].get(name, [])
-            bad = [r for r in runs if not r["ok"]]
-            if not runs or bad:
-                per[name] = {"ok": False, "error": bad[0]["error"] if bad else "not run",
-                             "repro": c.get("repro", {}).get(name, "")}
+            per[name] = failed(c, name)
+            if per[name] is not None:
                 continue
+            runs = c["runs"][name]
             ns = [x for x in (ns_per_op(r) for r in runs) if x is not None]
             rss = [r["max_rss_kib"] for r in runs if r["max_rss_kib"] is not None]
             per[name] = {"ok": bool(ns), "error": None if ns else "no operations reported",
                          "ns": statistics.median(ns) if ns else None, "rss": statistics.median(rss) if rss else None,
                          "ops_per_s": 1e9 / statistics.median(ns) if ns else None, "runs": len(runs)}
         for metric in ("ns", "rss"):
-            cands = [(per[p][metric], p) for p in peers if p in per and per[p]["ok"] and per[p][metric]]
-            if not cands:
-                continue
-            best, best_name = min(cands)
-            for s in per.values():
-                if s["ok"] and s[metric]:
-                    s[metric + "_ratio"] = s[metric] / best
-                    s[metric + "_best_peer"] = best_name
+            rate(per, peers, metric)
         w[c["threads"]] = per
     return out
 

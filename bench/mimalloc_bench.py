@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import mbench_scaling  # the shared cell helpers (bench/ is on the path of the runner and of its tests)
+
 # ---------------------------------------------------------------------------------------------------------------
 # Parsers: each program's own figure from its standard output (ValueError when the line it must print is missing).
 
@@ -298,12 +300,10 @@ def summarize(raw: dict, peers: tuple) -> dict:
     for c in raw["cells"]:
         per = {}
         for name in raw["allocators"]:
-            runs = c["runs"].get(name, [])
-            bad = [r for r in runs if not r["ok"]]
-            if not runs or bad:
-                per[name] = {"ok": False, "error": bad[0]["error"] if bad else "not run",
-                             "failed_runs": len(bad), "runs": len(runs), "repro": c.get("repro", {}).get(name, "")}
+            per[name] = mbench_scaling.failed(c, name)
+            if per[name] is not None:
                 continue
+            runs = c["runs"][name]
             keys = {k for r in runs for k, v in r["metrics"].items() if isinstance(v, (int, float))}
             per[name] = {
                 "ok": True, "error": None, "runs": len(runs),
@@ -316,15 +316,13 @@ def summarize(raw: dict, peers: tuple) -> dict:
             }
         cell = {"program": c["workload"], "threads": c["threads"], "cross_thread": c["cross_thread"], "per": per}
         for metric in ("time", "rss"):
-            cands = [(per[p][metric], p) for p in peers if p in per and per[p]["ok"] and per[p][metric]]
-            if not cands:
+            best = mbench_scaling.rate(per, peers, metric)
+            if best is None:
                 continue
-            best, best_name = min(cands)
-            cell[f"best_{metric}"], cell[f"best_{metric}_peer"] = best, best_name
+            cell[f"best_{metric}"], cell[f"best_{metric}_peer"] = best
             for s in per.values():
                 if s["ok"] and s[metric]:
-                    s[metric + "_ratio"] = s[metric] / best
-                    s[f"best_{metric}_peer"] = best_name
+                    s[f"best_{metric}_peer"] = best[1]
         cells[c["id"]] = cell
     gm: dict = {}
     for name in raw["allocators"]:
