@@ -1,61 +1,20 @@
 """redis-server under LD_PRELOAD=libmallard.so on 127.0.0.1: SET/GET round trips, redis-benchmark, clean shutdown."""
 import hashlib
 import re
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+import redis_server
 
 
-class Server:
-    """A redis-server on Mallard: started on a free port, stopped with SHUTDOWN NOSAVE (or killed) at the end."""
+class Server(redis_server.Server):
+    """A redis-server on Mallard (statistics on); redis-cli runs on Mallard too."""
 
     def __init__(self, preload, tmp: Path):
         self.preload = preload
-        self.port = free_port()
-        self.stderr_path = tmp / "redis.stderr"
-        self.stdout_path = tmp / "redis.stdout"
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--daemonize", "no", "--dir", str(tmp), "--protected-mode", "yes"]
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, env=preload.env(stats=True), stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while self.cli("PING", check=False, text=True).stdout.strip() != "PONG":
-            assert self.proc.poll() is None, f"redis-server exited: {self.log()}"
-            assert time.monotonic() < deadline, f"redis-server did not answer: {self.log()}"
-            time.sleep(0.05)
-
-    def log(self) -> str:
-        return self.stdout_path.read_text(errors="replace")[-2000:] + self.stderr_path.read_text(errors="replace")
-
-    def cli(self, *args, check=True, **kw) -> subprocess.CompletedProcess:
-        if "input" not in kw:
-            kw["stdin"] = subprocess.DEVNULL
-        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args], capture_output=True,
-                           timeout=30, env=self.preload.env(), **kw)
-        if check:
-            assert r.returncode == 0, r
-        return r
-
-    def stop(self) -> int:
-        """SHUTDOWN NOSAVE; returns the exit status (a process that does not stop is killed)."""
-        if self.proc.poll() is None:
-            self.cli("SHUTDOWN", "NOSAVE", check=False)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__(tmp, env=preload.env(stats=True), cli_env=preload.env())
 
 
 @pytest.fixture

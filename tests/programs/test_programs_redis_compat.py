@@ -5,46 +5,29 @@ INFO memory's allocator_* figures are Mallard's stats.* (they agree with Redis's
 """
 import re
 import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+import redis_server
+
 pytestmark = pytest.mark.skipif(not (shutil.which("redis-server") and shutil.which("redis-cli")),
                                 reason="redis-server and redis-cli are not installed")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(redis_server.Server):
+    """Debian's redis-server on Mallard with `conf` as MALLARD_CONF and DEBUG allowed; cli() answers text."""
 
-
-class Server:
     def __init__(self, preload, tmp: Path, conf: str):
-        self.port = free_port()
-        self.env = preload.env(extra={"MALLARD_CONF": conf})
-        self.log = tmp / "redis.log"
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--daemonize", "no", "--dir", str(tmp), "--protected-mode", "yes", "--enable-debug-command", "local",
-               "--activedefrag", "no"]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while self.cli("PING", check=False) != "PONG":
-            assert self.proc.poll() is None, f"redis-server exited: {self.log.read_text(errors='replace')}"
-            assert time.monotonic() < deadline, "redis-server did not answer"
-            time.sleep(0.05)
+        super().__init__(tmp, env=preload.env(extra={"MALLARD_CONF": conf}), cli_env=None,
+                         args=("--enable-debug-command", "local", "--activedefrag", "no"))
 
-    def cli(self, *args, check=True) -> str:
-        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args], capture_output=True,
-                           text=True, timeout=60, stdin=subprocess.DEVNULL)
-        if check:
-            assert r.returncode == 0, r
-        return r.stdout.strip()
+    def cli(self, *args, check=True, **kw):
+        raw = "text" in kw   # the base class's own calls want the whole result
+        kw.setdefault("text", True)
+        r = super().cli(*args, check=check, timeout=60, **kw)
+        return r if raw else r.stdout.strip()
 
     def info_memory(self) -> dict:
         return {k: v for k, v in re.findall(r"^(\w+):(\S+)", self.cli("INFO", "memory"), re.M)}
@@ -52,15 +35,6 @@ class Server:
     def rss_kb(self) -> int:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.cli("SHUTDOWN", "NOSAVE", check=False)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
