@@ -24,36 +24,96 @@ void mld_stats_sum(heap_stats_t *out) {
   pthread_mutex_unlock(&mld_heaps_mutex);
 }
 
-void mld_global_stats(global_stats_t *g) {
+/* An arena's counters as the report shows them. */
+void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s) {
+  s->nthreads = a->nthreads;
+  s->nthreads_total = a->nthreads_total;
+  s->nsegments = a->nsegments;
+  s->dirty_bytes = (uint64_t)a->dirty_slots * MLD_SLOT_SIZE;
+  s->purged_bytes = (uint64_t)a->purged_slots * MLD_SLOT_SIZE;
+  s->large_active = a->large_active;
+  s->npurge_passes = a->npurge_passes;
+  s->nmadvise = a->nmadvise;
+  s->purged_total = a->purged_bytes_total;
+  s->lock = a->lock_stats;
+}
+
+static uint64_t sub0(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }   /* racy copies may not add up */
+
+void mld_global_compute(global_stats_t *g, const heap_stats_t *hs, const arena_snapshot_t *arenas, unsigned narenas,
+                        const stats_atomics_t *at) {
   memset(g, 0, sizeof *g);
-  heap_stats_t hs;
-  mld_stats_sum(&hs);
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
-    uint64_t live = hs.cls[c].nmalloc >= hs.cls[c].nfree ? hs.cls[c].nmalloc - hs.cls[c].nfree : 0;
-    g->allocated += live * mld_class_size[c];
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) g->allocated += sub0(hs->cls[c].nmalloc, hs->cls[c].nfree) * mld_class_size[c];
+  uint64_t nseg = 0, dirty = 0, purged = 0, large = 0;
+  for (unsigned i = 0; i < narenas; i++) {
+    nseg += arenas[i].nsegments;
+    dirty += arenas[i].dirty_bytes;
+    purged += arenas[i].purged_bytes;
+    large += arenas[i].large_active;
   }
-  size_t nseg = 0, dirty = 0, purged = 0, large = 0;
-  unsigned n = atomic_load(&mld_narenas);
-  for (unsigned i = 0; i < n; i++) {
-    arena_t *a = mld_arenas[i];
-    mld_lock(&a->lock, &a->lock_stats);
-    nseg += a->nsegments;
-    dirty += a->dirty_slots;
-    purged += a->purged_slots;
-    large += a->large_active;
-    pthread_mutex_unlock(&a->lock);
-  }
-  uint64_t huge = atomic_load(&mld_huge_active), cached = atomic_load(&mld_huge_cached);
-  g->allocated += large + huge;
-  g->active = ((uint64_t)nseg * MLD_USABLE_SLOTS - dirty - purged) * MLD_SLOT_SIZE + huge;
-  g->dirty = (uint64_t)dirty * MLD_SLOT_SIZE + cached;
-  g->retained = (uint64_t)purged * MLD_SLOT_SIZE;
-  g->metadata = atomic_load(&mld_meta_bytes) + (uint64_t)nseg * MLD_HUGE_HEADER + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
+  g->allocated += large + at->huge_active;
+  g->active = sub0(nseg * MLD_USABLE_SLOTS * MLD_SLOT_SIZE, dirty + purged) + at->huge_active;
+  g->dirty = dirty + at->huge_cached;
+  g->retained = purged;
+  g->metadata = at->meta_bytes + nseg * MLD_HUGE_HEADER + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
   g->resident = g->active + g->dirty + g->metadata;
   /* The ownership map lives in .bss, outside our mappings: its touched page counts in metadata (so in resident)
    * and in mapped too, so that resident never exceeds mapped. */
-  g->mapped = atomic_load(&mld_mapped_bytes) + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
-  g->huge_cached = cached;
+  g->mapped = at->mapped_bytes + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
+  g->huge_cached = at->huge_cached;
+}
+
+static void local_atomics(stats_atomics_t *at) {
+  at->huge_active = atomic_load(&mld_huge_active);
+  at->huge_cached = atomic_load(&mld_huge_cached);
+  at->meta_bytes = atomic_load(&mld_meta_bytes);
+  at->mapped_bytes = atomic_load(&mld_mapped_bytes);
+}
+
+void mld_global_stats(global_stats_t *g) {
+  heap_stats_t hs;
+  mld_stats_sum(&hs);
+  arena_snapshot_t tot = { 0 }, a;   /* the arenas summed: what the figures need of them */
+  unsigned n = atomic_load(&mld_narenas);
+  for (unsigned i = 0; i < n; i++) {
+    if (!mld_arena_snapshot(i, &a)) continue;
+    tot.nsegments += a.nsegments;
+    tot.dirty_bytes += a.dirty_bytes;
+    tot.purged_bytes += a.purged_bytes;
+    tot.large_active += a.large_active;
+  }
+  stats_atomics_t at;
+  local_atomics(&at);
+  mld_global_compute(g, &hs, &tot, 1, &at);
+}
+
+/* This process's snapshot: heaps under the registry lock, each arena under its lock. */
+static void local_snapshot(stats_snapshot_t *s) {
+  mld_stats_sum(&s->hs);
+  s->narenas = 0;
+  unsigned n = atomic_load(&mld_narenas);
+  for (unsigned i = 0; i < n && i < MLD_MAX_ARENAS; i++)
+    if (mld_arena_snapshot(i, &s->arenas[s->narenas])) s->narenas++;
+  stats_atomics_t at;
+  local_atomics(&at);
+  mld_global_compute(&s->g, &s->hs, s->arenas, s->narenas, &at);
+  s->invalid_frees = atomic_load(&mld_invalid_count);
+  memcpy(s->page_slots, mld_opt.page_slots, sizeof s->page_slots);
+  s->dirty_decay_ms = mld_opt.dirty_decay_ms;
+  s->background_thread = mld_opt.background_thread;
+  s->retain = mld_opt.retain;
+  s->thp = mld_opt.thp;
+  s->huge_cache_max = mld_opt.huge_cache_max;
+  s->page_cache = mld_opt.page_cache;
+  mld_options_format(s->options_text, sizeof s->options_text);
+  s->pid = (int)getpid();
+  ssize_t xl = readlink("/proc/self/exe", s->exe, sizeof s->exe - 1);
+  s->exe[xl > 0 ? xl : 0] = 0;
+  s->uptime_ms = mld_now_ms() - mld_start_ms;
+  s->ncpus = mld_ncpus();
+  s->purge_running = mld_purge_thread_running();
+  s->purge_wakeups_known = true;
+  s->purge_wakeups = mld_purge_thread_wakeups();
 }
 
 /* ---- report writer: formats into a stack buffer, never allocates ---- */
@@ -95,67 +155,65 @@ static void json_escape(char *out, const char *s) {
   *out = 0;
 }
 
-static void print_json(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
-  char exe[512], esc[sizeof exe * 6 + 1];
-  ssize_t xl = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[xl > 0 ? xl : 0] = 0;
-  json_escape(esc, exe);
-  outf(o, "{\"mallard\":{\"version\":\"%s\",\"pid\":%d,\"exe\":\"%s\",\n", MALLARD_VERSION, (int)getpid(), esc);
+static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool classes) {
+  char esc[sizeof s->exe * 6 + 1], wakeups[24] = "null";   /* null: a reader that cannot see the counter */
+  json_escape(esc, s->exe);
+  if (s->purge_wakeups_known) snprintf(wakeups, sizeof wakeups, "%llu", (unsigned long long)s->purge_wakeups);
+  const global_stats_t *g = &s->g;
+  const heap_stats_t *hs = &s->hs;
+  outf(o, "{\"mallard\":{\"version\":\"%s\",\"pid\":%d,\"exe\":\"%s\",\n", MALLARD_VERSION, s->pid, esc);
   outf(o, "\"options\":{\"narenas\":%u,\"dirty_decay_ms\":%ld,\"background_thread\":%s,\"retain\":%s,\"thp\":%d,"
-          "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", atomic_load(&mld_narenas), mld_opt.dirty_decay_ms,
-       mld_opt.background_thread ? "true" : "false", mld_opt.retain ? "true" : "false", mld_opt.thp,
-       mld_opt.huge_cache_max, mld_opt.page_cache);
-  outf(o, "\"uptime_ms\":%llu,\"ncpus\":%zu,\n", (unsigned long long)(mld_now_ms() - mld_start_ms), mld_ncpus());
+          "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", s->narenas, s->dirty_decay_ms,
+       s->background_thread ? "true" : "false", s->retain ? "true" : "false", s->thp, s->huge_cache_max,
+       s->page_cache);
+  outf(o, "\"uptime_ms\":%llu,\"ncpus\":%zu,\n", (unsigned long long)s->uptime_ms, s->ncpus);
   outf(o, "\"stats\":{\"allocated\":%llu,\"active\":%llu,\"resident\":%llu,\"mapped\":%llu,\"retained\":%llu,"
           "\"dirty\":%llu,\"metadata\":%llu,\"huge_cached\":%llu,\"invalid_frees\":%llu,\"remote_frees\":%llu,"
           "\"large\":{\"nmalloc\":%llu,\"nfree\":%llu},\"huge\":{\"nmalloc\":%llu,\"nfree\":%llu},"
-          "\"background_thread\":{\"running\":%s,\"wakeups\":%llu}},\n",
+          "\"background_thread\":{\"running\":%s,\"wakeups\":%s}},\n",
        (unsigned long long)g->allocated, (unsigned long long)g->active, (unsigned long long)g->resident,
        (unsigned long long)g->mapped, (unsigned long long)g->retained, (unsigned long long)g->dirty,
        (unsigned long long)g->metadata, (unsigned long long)g->huge_cached,
-       (unsigned long long)atomic_load(&mld_invalid_count), (unsigned long long)hs->remote_frees,
+       (unsigned long long)s->invalid_frees, (unsigned long long)hs->remote_frees,
        (unsigned long long)hs->large_nmalloc, (unsigned long long)hs->large_nfree,
        (unsigned long long)hs->huge_nmalloc, (unsigned long long)hs->huge_nfree,
-       mld_purge_thread_running() ? "true" : "false", (unsigned long long)mld_purge_thread_wakeups());
+       s->purge_running ? "true" : "false", wakeups);
   outf(o, "\"arenas\":[");
-  unsigned n = arenas ? atomic_load(&mld_narenas) : 0;
-  for (unsigned i = 0; i < n; i++) {
-    arena_snapshot_t s;
-    mld_arena_snapshot(i, &s);
+  for (unsigned i = 0; arenas && i < s->narenas; i++) {
+    const arena_snapshot_t *a = &s->arenas[i];
     outf(o, "%s\n{\"index\":%u,\"nthreads\":%u,\"nthreads_total\":%llu,\"segments\":%llu,\"dirty_bytes\":%llu,\"purged_bytes\":%llu,"
             "\"large_active\":%llu,\"npurge_passes\":%llu,\"nmadvise\":%llu,\"purged_total\":%llu,"
             "\"mutex\":{\"ops\":%llu,\"contended\":%llu,\"wait_ns\":%llu}}",
-         i ? "," : "", i, s.nthreads, (unsigned long long)s.nthreads_total, (unsigned long long)s.nsegments, (unsigned long long)s.dirty_bytes,
-         (unsigned long long)s.purged_bytes, (unsigned long long)s.large_active, (unsigned long long)s.npurge_passes,
-         (unsigned long long)s.nmadvise, (unsigned long long)s.purged_total, (unsigned long long)s.lock.ops,
-         (unsigned long long)s.lock.contended, (unsigned long long)s.lock.wait_ns);
+         i ? "," : "", i, a->nthreads, (unsigned long long)a->nthreads_total, (unsigned long long)a->nsegments, (unsigned long long)a->dirty_bytes,
+         (unsigned long long)a->purged_bytes, (unsigned long long)a->large_active, (unsigned long long)a->npurge_passes,
+         (unsigned long long)a->nmadvise, (unsigned long long)a->purged_total, (unsigned long long)a->lock.ops,
+         (unsigned long long)a->lock.contended, (unsigned long long)a->lock.wait_ns);
   }
   outf(o, "],\n\"classes\":[");
   bool first = true;
   for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
     const class_stats_t *cs = &hs->cls[c];
     if (!cs->nmalloc && !cs->npages) continue;
-    size_t page_bytes = (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT;
+    size_t page_bytes = (size_t)s->page_slots[c] << MLD_SLOT_SHIFT;
     outf(o, "%s\n{\"class\":%u,\"size\":%u,\"page_bytes\":%zu,\"objs_per_page\":%zu,\"nmalloc\":%llu,\"nfree\":%llu,"
             "\"nrequests\":%llu,\"curobjs\":%llu,\"nrefills\":%llu,\"npages\":%llu,\"npages_cached\":%llu,"
             "\"npages_released\":%llu,\"curpages\":%llu}",
          first ? "" : ",", c, mld_class_size[c], page_bytes, page_bytes / mld_class_size[c],
          (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree, (unsigned long long)cs->nmalloc,
-         (unsigned long long)(cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0),
+         (unsigned long long)sub0(cs->nmalloc, cs->nfree),
          (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_cached,
-         (unsigned long long)cs->npages_released,
-         (unsigned long long)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
+         (unsigned long long)cs->npages_released, (unsigned long long)sub0(cs->npages, cs->npages_released));
     first = false;
   }
   outf(o, "]}}\n");
 }
 
-static void print_text(out_t *o, const global_stats_t *g, const heap_stats_t *hs, bool arenas, bool classes) {
+static void print_text(out_t *o, const stats_snapshot_t *s, bool arenas, bool classes) {
+  const global_stats_t *g = &s->g;
+  const heap_stats_t *hs = &s->hs;
   outf(o, "___ Mallard statistics (version %s) ___\n", MALLARD_VERSION);
-  char conf[MLD_OPTIONS_TEXT_MAX];
-  mld_options_format(conf, sizeof conf);
   o->cb(o->opaque, "options: ");   /* longer than outf's buffer: written as it is */
-  o->cb(o->opaque, conf);
+  o->cb(o->opaque, s->options_text);
   o->cb(o->opaque, "\n");
   outf(o, "memory (bytes): allocated %llu  active %llu  resident %llu  mapped %llu  retained %llu  dirty %llu  "
           "metadata %llu\n",
@@ -166,41 +224,43 @@ static void print_text(out_t *o, const global_stats_t *g, const heap_stats_t *hs
           "invalid frees %llu\n",
        (unsigned long long)hs->large_nmalloc, (unsigned long long)hs->large_nfree,
        (unsigned long long)hs->huge_nmalloc, (unsigned long long)hs->huge_nfree,
-       (unsigned long long)hs->remote_frees, (unsigned long long)atomic_load(&mld_invalid_count));
-  unsigned n = arenas ? atomic_load(&mld_narenas) : 0;
+       (unsigned long long)hs->remote_frees, (unsigned long long)s->invalid_frees);
+  unsigned n = arenas ? s->narenas : 0;
   if (n) outf(o, "arena threads segments   dirty_KiB  purged_KiB  purges madvise  lock_ops contended wait_us\n");
   for (unsigned i = 0; i < n; i++) {
-    arena_snapshot_t s;
-    mld_arena_snapshot(i, &s);
-    outf(o, "%5u %7u %8llu %11llu %11llu %7llu %7llu %9llu %9llu %7llu\n", i, s.nthreads,
-         (unsigned long long)s.nsegments, (unsigned long long)s.dirty_bytes / 1024,
-         (unsigned long long)s.purged_bytes / 1024, (unsigned long long)s.npurge_passes,
-         (unsigned long long)s.nmadvise, (unsigned long long)s.lock.ops, (unsigned long long)s.lock.contended,
-         (unsigned long long)s.lock.wait_ns / 1000);
+    const arena_snapshot_t *a = &s->arenas[i];
+    outf(o, "%5u %7u %8llu %11llu %11llu %7llu %7llu %9llu %9llu %7llu\n", i, a->nthreads,
+         (unsigned long long)a->nsegments, (unsigned long long)a->dirty_bytes / 1024,
+         (unsigned long long)a->purged_bytes / 1024, (unsigned long long)a->npurge_passes,
+         (unsigned long long)a->nmadvise, (unsigned long long)a->lock.ops, (unsigned long long)a->lock.contended,
+         (unsigned long long)a->lock.wait_ns / 1000);
   }
   if (classes) outf(o, "class size_B page_KiB objs/page     nmalloc       nfree     curobjs   refills  pages cur_pages\n");
   for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
     const class_stats_t *cs = &hs->cls[c];
     if (!cs->nmalloc && !cs->npages) continue;
-    size_t page_bytes = (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT;
+    size_t page_bytes = (size_t)s->page_slots[c] << MLD_SLOT_SHIFT;
     outf(o, "%5u %6u %8zu %9zu %11llu %11llu %11llu %9llu %6llu %9llu\n", c, mld_class_size[c], page_bytes / 1024,
          page_bytes / mld_class_size[c], (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree,
-         (unsigned long long)(cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0),
-         (unsigned long long)cs->nrefills, (unsigned long long)cs->npages,
-         (unsigned long long)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
+         (unsigned long long)sub0(cs->nmalloc, cs->nfree), (unsigned long long)cs->nrefills,
+         (unsigned long long)cs->npages, (unsigned long long)sub0(cs->npages, cs->npages_released));
   }
 }
 
-MLD_EXPORT void mallard_stats_print(void (*write_cb)(void *, const char *), void *opaque, const char *opts) {
-  mld_ensure_init();
+void mld_stats_print_snapshot(const stats_snapshot_t *s, void (*write_cb)(void *, const char *), void *opaque,
+                              const char *opts) {
   out_t o = { write_cb ? write_cb : default_write, opaque };
   bool json = opts && strchr(opts, 'J'), arenas = !(opts && strchr(opts, 'a')), classes = !(opts && strchr(opts, 'b'));
-  global_stats_t g;
-  heap_stats_t hs;
-  mld_global_stats(&g);
-  mld_stats_sum(&hs);
-  if (json) print_json(&o, &g, &hs, arenas, classes);
-  else print_text(&o, &g, &hs, arenas, classes);
+  if (json) print_json(&o, s, arenas, classes);
+  else print_text(&o, s, arenas, classes);
+}
+
+/* The snapshot (~12 KiB) is on the caller's stack: no lock, nothing allocated, safe in a fork child. */
+MLD_EXPORT void mallard_stats_print(void (*write_cb)(void *, const char *), void *opaque, const char *opts) {
+  mld_ensure_init();
+  stats_snapshot_t snap;
+  local_snapshot(&snap);
+  mld_stats_print_snapshot(&snap, write_cb, opaque, opts);
 }
 
 /* The exit report goes to the stderr the program started with, and nowhere else.

@@ -1,4 +1,4 @@
-/* stats.h — statistics snapshots shared by stats.c and ctl.c. */
+/* stats.h — statistics snapshots shared by stats.c, ctl.c and live.c (the report of another process). */
 #ifndef MALLARD_STATS_H
 #define MALLARD_STATS_H
 #include "internal.h"
@@ -15,6 +15,40 @@ typedef struct arena_snapshot_s {
   uint64_t nsegments, dirty_bytes, purged_bytes, large_active, npurge_passes, nmadvise, purged_total;
   lock_stats_t lock;
 } arena_snapshot_t;
+
+/* Everything the report shows, copied either from this process under its locks (stats.c) or from another process's
+ * memory without them (live.c: a racy snapshot). The report is printed from this alone. */
+typedef struct stats_snapshot_s {
+  heap_stats_t hs;                       /* live heaps + exited threads + threads without a heap */
+  global_stats_t g;
+  uint64_t invalid_frees;
+  unsigned narenas;                      /* arenas[0 .. narenas) are filled */
+  arena_snapshot_t arenas[MLD_MAX_ARENAS];
+  unsigned page_slots[MLD_NUM_CLASSES];  /* options the report shows */
+  long dirty_decay_ms;
+  bool background_thread, retain;
+  int thp;
+  size_t huge_cache_max;
+  unsigned page_cache;
+  char options_text[MLD_OPTIONS_TEXT_MAX];
+  int pid;
+  char exe[512];
+  uint64_t uptime_ms;
+  size_t ncpus;
+  bool purge_running;
+  bool purge_wakeups_known;              /* false: the reader cannot see the purging thread's counter (live.c) */
+  uint64_t purge_wakeups;
+} stats_snapshot_t;
+
+/* The memory figures of `g` from summed heap counters, arena totals and the allocator's global atomics. */
+typedef struct stats_atomics_s { uint64_t huge_active, huge_cached, meta_bytes, mapped_bytes; } stats_atomics_t;
+MLD_HIDDEN void mld_global_compute(global_stats_t *g, const heap_stats_t *hs, const arena_snapshot_t *arenas,
+                                   unsigned narenas, const stats_atomics_t *at);
+/* An arena's counters as the report shows them (the caller holds its lock, or reads a copy). */
+MLD_HIDDEN void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s);
+/* Print the report of a snapshot; opts as mallard_stats_print's. */
+MLD_HIDDEN void mld_stats_print_snapshot(const stats_snapshot_t *s, void (*write_cb)(void *, const char *),
+                                         void *opaque, const char *opts);
 
 MLD_HIDDEN void mld_stats_sum(heap_stats_t *out);
 MLD_HIDDEN void mld_global_stats(global_stats_t *g);
