@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +56,15 @@ int mallard_ctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_
 
 /* Write statistics through write_cb (NULL: stderr). opts: "J" for JSON; see docs/STATS.md. */
 void mallard_stats_print(void (*write_cb)(void *opaque, const char *text), void *opaque, const char *opts);
+
+/* The same report for another running process under Mallard (what `mallard stats PID` calls): root_addr is the
+ * address of the symbol mallard_live_root in that process. Its counters are read from its memory (the kernel allows
+ * it to the same user, ptrace rules applying, or to root), without stopping it: a racy snapshot. The target must use
+ * this very Mallard build (same version and layout). Returns 0, or an errno code: ESRCH no such process, EPERM not
+ * allowed, EPROTO not a Mallard root of this version and layout, EAGAIN Mallard not initialised there yet, EFAULT
+ * unreadable memory, EINVAL bad arguments. See docs/STATS.md. */
+int mallard_live_stats(int pid, uintptr_t root_addr, void (*write_cb)(void *opaque, const char *text), void *opaque,
+                       const char *opts);
 
 #ifdef __cplusplus
 }

@@ -50,6 +50,9 @@ MLD_HIDDEN void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s);
 MLD_HIDDEN void mld_stats_print_snapshot(const stats_snapshot_t *s, void (*write_cb)(void *, const char *),
                                          void *opaque, const char *opts);
 
+/* live.c: the root a reader in another process starts from (its layout is live.c's). */
+extern const struct live_root_s mallard_live_root;
+
 MLD_HIDDEN void mld_stats_sum(heap_stats_t *out);
 MLD_HIDDEN void mld_global_stats(global_stats_t *g);
 MLD_HIDDEN bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s);
