@@ -3,13 +3,16 @@
  * stdin, then frees them all and exits. With "report", it first writes its own report (mallard_stats_print, found
  * with dlsym) to stdout between "report-begin" and "report-end".
  * steady RATE SIZE: mallocs and frees RATE blocks of SIZE bytes a second (in 10 ms ticks), says "ready", until stdin
- * closes or gets a line. */
+ * closes or gets a line.
+ * LIVE_NODUMP=1 in the environment: the process makes itself non-dumpable first (the kernel then refuses other
+ * processes of its user the reading of its memory). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 static void *keep(size_t n)
@@ -72,6 +75,7 @@ static int steady(long rate, size_t size)
 
 int main(int argc, char **argv)
 {
+    if (getenv("LIVE_NODUMP") && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) { perror("prctl"); return 1; }
     if (argc == 8 && !strcmp(argv[1], "hold")) return hold(argv + 2, 0);
     if (argc == 9 && !strcmp(argv[1], "hold") && !strcmp(argv[8], "report")) return hold(argv + 2, 1);
     if (argc == 4 && !strcmp(argv[1], "steady")) return steady(atol(argv[2]), (size_t)atol(argv[3]));
