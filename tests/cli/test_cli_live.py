@@ -209,6 +209,14 @@ def test_reader_errors(mallard, allocators, workload, monkeypatch):
     assert reader_rc(w.pid, t.root, reader) == (errno.ESRCH, 0)
 
 
+def test_reader_refuses_another_layout(mallard, allocators, workload):
+    import errno
+
+    with Proc([workload, "fakeroot"], dict(mallard.env, LD_PRELOAD=lib(allocators, "mallard"))) as w:
+        root = int(w.before[-1].split()[1])
+        assert reader_rc(w.pid, root, lib(allocators, "mallard")) == (errno.EPROTO, 0)
+
+
 def test_non_dumpable_process_of_the_same_user(mallard, allocators, workload):
     # Same user, but the process made itself non-dumpable: its memory and maps are closed to the user; root may.
     nobody = as_user("nobody")
