@@ -75,8 +75,8 @@ def _n(x: float) -> str:
 
 
 def view(r: dict, sample: int) -> Group:
-    head = (f"[bold]mallard top[/] PID {r['pid']} ({shown(r['exe'])})  up {r['uptime_ms'] / 1000:.1f} s  "
-            f"refresh {sample} every {r['interval_s']:.1f} s")
+    head = (f"[bold]mallard top[/] PID {r['pid']}  up {r['uptime_ms'] / 1000:.1f} s  "
+            f"refresh {sample} every {r['interval_s']:.1f} s\n{shown(r['exe'])}")
     mem = Table(box=box.SIMPLE, title="memory", title_justify="left")
     for k in ("RSS",) + MEMORY:
         mem.add_column(k, justify="right")
