@@ -2,4 +2,4 @@
 from __future__ import annotations
 
 # In the order `mallard --help` lists them.
-ORDER = ["list", "run", "env", "which", "profile", "bench", "demo", "vmem", "advise"]
+ORDER = ["list", "run", "env", "which", "profile", "bench", "demo", "vmem", "advise", "heap"]
