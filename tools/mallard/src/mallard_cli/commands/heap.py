@@ -180,8 +180,8 @@ def show(args) -> int:
     if args.json:
         print(json.dumps(json_report(args.file, an, by, args.top), indent=2))
         return EXIT_OK
-    out.print(f"[bold]mallard heap show[/]: {shown(args.file)}")
-    out.print(totals_line(an))
+    line(f"[bold]mallard heap show[/]: {shown(args.file)}")
+    line(totals_line(an))
     what = "live bytes (inuse_space)" if by == "inuse_space" else "bytes allocated (alloc_space)"
     out.print(sites_table(an, by, args.top, f"Top allocation sites by {what}"))
     return EXIT_OK
@@ -203,11 +203,11 @@ def diff_cmd(args) -> int:
                          indent=2))
         return EXIT_OK
     what = "live bytes" if by == "inuse_space" else "bytes allocated"
-    out.print(f"[bold]mallard heap diff[/]: {shown(args.old)} → {shown(args.new)}")
-    out.print(f"Totals: {what} {fmt_bytes(told)} → {fmt_bytes(tnew)} ({'+' if tnew >= told else '-'}"
+    line(f"[bold]mallard heap diff[/]: {shown(args.old)} → {shown(args.new)}")
+    line(f"Totals: {what} {fmt_bytes(told)} → {fmt_bytes(tnew)} ({'+' if tnew >= told else '-'}"
               f"{fmt_bytes(abs(tnew - told))})")
     if not grew:
-        out.print(f"No site grew: no leak candidate between these two profiles ({by}).")
+        line(f"No site grew: no leak candidate between these two profiles ({by}).")
         return EXIT_OK
     t = Table(title=f"Leak candidates: sites whose {what} grew, largest growth first", title_justify="left")
     for c, j in (("#", "right"), ("growth", "right"), ("old", "right"), ("new", "right"), ("blocks", "right"),
@@ -234,7 +234,7 @@ def flame_cmd(args) -> int:
             f.write(svg)
     except OSError as e:
         raise CliError(f"cannot write {printable(args.output)}: {e.strerror or e}", EXIT_ERROR) from None
-    out.print(f"Flame graph of {by} ({fmt_bytes(an.total(by))}): {shown(args.output)} (open it in a browser; hover a "
+    line(f"Flame graph of {by} ({fmt_bytes(an.total(by))}): {shown(args.output)} (open it in a browser; hover a "
               "frame for its bytes)")
     return EXIT_OK
 
@@ -354,8 +354,13 @@ def place(found: str, dest: str, others: list[str]) -> list[str]:
     return moved
 
 
+def line(text) -> None:
+    """One line of text, never wrapped (paths and commands stay whole for copying); tables go through out.print."""
+    out.print(text, soft_wrap=True) if isinstance(text, str) else out.print(text)
+
+
 def report(args, an: Analysis, rc: int, final: bool, dest: str, moved: list[str]) -> None:
-    w = out.print
+    w = line
     w(f"[bold]mallard heap[/]: {shown(' '.join(args.command))}  ({shown(exit_text(rc))})")
     if not final:
         w("Note: the program did not write its final profile (it did not exit normally): this is its last periodic "
