@@ -337,3 +337,13 @@ def test_go_pprof_agrees_on_totals_and_sites(mallard, progs, tmp_path, by, index
     assert total == rep["totals"][index]
     mine = {s["function"]: s[index] for s in rep["sites"] if s[index]}
     assert mine and {k: flat.get(k) for k in mine} == mine
+
+
+def test_recursion_is_shown_once_with_its_count(mallard, progs, tmp_path):
+    b = ProfileBuilder()
+    p = Loaded(b, progs["exe"], BASE)
+    run = p.loc("run_all", 30)
+    b.heap_sample([p.loc("leak_site", 8)] + [run] * 5 + [p.loc("main", 20)], MiB, 1, MiB, 1)
+    r = mallard("heap", "show", write(tmp_path, b))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"run_all heap_sites\.c:\d+ \(×5\) ← main", r.stdout), r.stdout

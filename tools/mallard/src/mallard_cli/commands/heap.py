@@ -118,8 +118,15 @@ def site_text(f: Frame) -> str:
 
 
 def stack_text(callers: tuple[Frame, ...]) -> str:
-    parts = [shown(c.site()) for c in callers[:STACK_DEPTH]]
-    more = len(callers) - STACK_DEPTH
+    """The first callers, nearest first; a run of one frame (recursion) is shown once with its count."""
+    runs: list[list] = []
+    for c in callers:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    parts = [shown(c.site()) + (f" (×{n})" if n > 1 else "") for c, n in runs[:STACK_DEPTH]]
+    more = sum(n for _, n in runs[STACK_DEPTH:])
     return " ← ".join(parts) + (f" ← … ({more} more)" if more > 0 else "")
 
 
