@@ -139,6 +139,10 @@ exe, mode, status = sys.argv[1], sys.argv[2], int(sys.argv[3])
 conf = dict(kv.split(":", 1) for kv in os.environ["MALLARD_CONF"].split(","))
 assert conf["prof"] == "true" and conf["prof_final"] == "true", conf
 print("conf", os.environ["MALLARD_CONF"], flush=True)
+# The tools this script starts (nm, readelf) run without the library; and it leaves with os._exit so that a library
+# that profiles does not write its own final dump over this one.
+os.environ.pop("LD_PRELOAD", None)
+os.environ.pop("MALLARD_CONF", None)
 def dump(name, leak):
     b = ProfileBuilder()
     p = Loaded(b, exe, 0x555555554000)
@@ -155,7 +159,8 @@ elif mode == "killed":
     dump(f"{{pid}}.0", 1 << 20)
     dump(f"{{pid}}.1", 2 << 20)
     os.kill(pid, signal.SIGKILL)
-sys.exit(status)
+sys.stdout.flush()
+os._exit(status)
 '''
 
 
