@@ -347,3 +347,27 @@ def test_recursion_is_shown_once_with_its_count(mallard, progs, tmp_path):
     r = mallard("heap", "show", write(tmp_path, b))
     assert r.returncode == 0, r.stderr
     assert re.search(r"run_all heap_sites\.c:\d+ \(×5\) ← main", r.stdout), r.stdout
+
+
+def test_static_function_of_a_stripped_program_gets_no_neighbours_name(mallard, progs, tmp_path):
+    """static_site has no dynamic symbol: in a stripped copy its address is shown as an offset, never as the name
+    of the exported function before it (binutils' addr2line alone would say so)."""
+    exe = cc.build("heap_sites", tmp_path, "-g", "-rdynamic", progs["lib"])
+    stripped = tmp_path / "hs.stripped"
+    subprocess.run(["strip", "--strip-unneeded", "-o", str(stripped), exe], check=True)
+    full = symbols(exe)
+    assert "static_site" not in symbols(str(stripped), dynamic=True)
+    b = ProfileBuilder()
+    p = Loaded(b, str(stripped), BASE, dynamic_symbols=True)
+    p.syms = full
+    b.heap_sample([p.loc("static_site", 8), p.loc("run_all", 30)], MiB, 1, MiB, 1)
+    rep = show_json(mallard, write(tmp_path, b))
+    site = rep["sites"][0]
+    assert site["function"] == f"hs.stripped+0x{full['static_site'] + 8:x}", site
+    assert site["stack"][1]["function"] == "run_all"
+    # The same address in the unstripped program is named, with its line.
+    b = ProfileBuilder()
+    p = Loaded(b, exe, BASE)
+    b.heap_sample([p.loc("static_site", 8)], MiB, 1, MiB, 1)
+    site = show_json(mallard, write(tmp_path, b, "full.pb.gz"))["sites"][0]
+    assert site["function"] == "static_site" and site["line"] in function_lines("static_site")

@@ -31,12 +31,20 @@ __attribute__((noinline)) void churn_site(size_t n) {
     free(p);
 }
 
+/* A function with no dynamic symbol (static): a stripped copy keeps no name for it, and must not get a neighbour's. */
+__attribute__((noinline)) static void *static_site(size_t n) {
+    void *p = malloc(n);  /* MARK static_site */
+    sink = p;
+    return p;
+}
+
 __attribute__((noinline)) void run_all(int leak_blocks, int hold_blocks, int churn_rounds) {
     for (int i = 0; i < leak_blocks; i++) sink = leak_site(10240);
     held = calloc((size_t)hold_blocks + 1, sizeof *held);
     for (int i = 0; held && i < hold_blocks; i++) held[i] = hold_site(65536);
     for (int i = 0; i < churn_rounds; i++) churn_site((size_t)(64 + (i % 61) * 512));
     sink = heap_lib_alloc(4096);
+    sink = static_site(512);
 }
 
 int main(int argc, char **argv) {

@@ -243,7 +243,10 @@ class Symbolizer:
                 info, va = hit
                 sym = info.symbol(va)
                 for func, file, line in dwarf.get(info.path, {}).get(va, []):
-                    fr.append(Frame(func if func != "??" else "", file, line, module))
+                    # Without DWARF (no file), addr2line names an address after the nearest symbol before it, even
+                    # far past that symbol's end (a static function of a stripped binary gets a neighbour's
+                    # name): such names are not trusted; the size-checked symbol tables decide.
+                    fr.append(Frame(func if func != "??" and file else "", file, line, module))
                 if fr and sym:  # the outermost frame is the symbol holding the address
                     fr[-1] = Frame(info.public(va, fr[-1].function) if fr[-1].function else sym, fr[-1].file,
                                    fr[-1].line, module)
