@@ -2,4 +2,4 @@
 from __future__ import annotations
 
 # In the order `mallard --help` lists them.
-ORDER = ["list", "run", "env", "which", "stats", "top", "profile", "bench", "demo", "vmem", "advise"]
+ORDER = ["list", "run", "env", "which", "stats", "top", "heap", "profile", "bench", "demo", "vmem", "advise"]
