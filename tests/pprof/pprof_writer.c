@@ -42,6 +42,11 @@ __attribute__((noinline)) void pprof_test_gamma(void) { pprof_test_beta(); BARRI
 __attribute__((noinline)) void pprof_test_neighbour(void) { ra_in_static = RA(); BARRIER(); }
 __attribute__((noinline)) static void hidden_static_function(void) { pprof_test_neighbour(); BARRIER(); }
 void (*volatile hidden_fn)(void) = hidden_static_function;
+/* An exported function symbol without a size (assembly without .size): dladdr answers it for any address above it
+ * (up to the next symbol), but its extent is unknown, so it names nothing. */
+__asm__(".text\n.globl pprof_test_nosize\n.type pprof_test_nosize, @function\npprof_test_nosize:\n"
+        "  ret\n  .fill 64, 1, 0x90\n");
+void pprof_test_nosize(void);
 
 /* Recursion: each level records its return address (all inside pprof_test_recurse but the outermost). */
 __attribute__((noinline)) void pprof_test_recurse(int n, uintptr_t *out) {
@@ -157,16 +162,20 @@ int main(int argc, char **argv) {
     uintptr_t s1[] = {ra_in_beta, ra_in_gamma, ra_in_main};
     uintptr_t s2[] = {ra_in_gamma, 0, ra_in_main};   /* pc 0 is dropped */
     uintptr_t s3[] = {ra_in_static, ra_in_main};
+    /* glibc's dladdr answers the size-0 symbol for its own address (pc - 1 == symbol), not for addresses above */
+    uintptr_t s4[] = {(uintptr_t)&pprof_test_nosize + 1, (uintptr_t)&pprof_test_nosize + 33};
     mld_pprof_sample_t v[] = {
         {s1, 3, 10, 10240, 4, 4096},
         {s2, 3, 3, 3000, 1, 1000},
         {s3, 2, 7, 700, 0, 0},
         {s1, 0, 1, 1, 1, 1},   /* no frames at all */
+        {s4, 2, 5, 50, 0, 0},
     };
-    list_t l = {v, 4, 0};
+    list_t l = {v, 5, 0};
     CHECK(write_path(argv[2], list_next, &l) == 0);
     printf("ra_in_beta=%#lx\nra_in_gamma=%#lx\nra_in_main=%#lx\nra_in_static=%#lx\n", (unsigned long)ra_in_beta,
            (unsigned long)ra_in_gamma, (unsigned long)ra_in_main, (unsigned long)ra_in_static);
+    printf("nosize=%#lx\n", (unsigned long)&pprof_test_nosize);
     printf("alpha=%#lx\nbeta=%#lx\ngamma=%#lx\nneighbour=%#lx\nhidden=%#lx\n", (unsigned long)&pprof_test_alpha,
            (unsigned long)&pprof_test_beta, (unsigned long)&pprof_test_gamma, (unsigned long)&pprof_test_neighbour,
            (unsigned long)&hidden_static_function);
@@ -292,10 +301,24 @@ int main(int argc, char **argv) {
     unsigned long pages = 0;
     CHECK(fscanf(f, "%lu", &pages) == 1);
     fclose(f);
-    struct rlimit rl = {(pages + 256) * 4096, RLIM_INFINITY};   /* today's size + 1 MiB */
-    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
-    int e = mld_pprof_write(devnull, &info, many_next, &m);
-    CHECK(e == ENOMEM);
+    /* Each child caps its address space at today's size plus 0, 16 KiB, ... 4 MiB, so that the first mapping to
+     * fail is a different one each time (a fresh map, a table growth, an mremap): ENOMEM every time, no crash. */
+    for (unsigned long extra = 0; extra <= 1024; extra += 4) {
+      pid_t c = fork();
+      CHECK(c >= 0);
+      if (c == 0) {
+        struct rlimit rl = {(pages + extra) * 4096, RLIM_INFINITY};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+        _exit(mld_pprof_write(devnull, &info, many_next, &m) == ENOMEM ? 0 : 4);
+      }
+      int st;
+      CHECK(waitpid(c, &st, 0) == c);
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "headroom %lu pages: %s %d\n", extra, WIFEXITED(st) ? "exit" : "signal",
+                WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        return 1;
+      }
+    }
     printf("ok\n");
     return 0;
   }

@@ -158,7 +158,7 @@ def test_basic_profile(build_dir, pprof, tmp_path, program):
     addrs = [loc["address"] for loc in p["locations"]]
     assert [loc["id"] for loc in p["locations"]] == list(range(1, len(addrs) + 1))
     assert sorted(addrs) == sorted({kv["ra_in_beta"] - 1, kv["ra_in_gamma"] - 1, kv["ra_in_main"] - 1,
-                                    kv["ra_in_static"] - 1})
+                                    kv["ra_in_static"] - 1, kv["nosize"], kv["nosize"] + 32})
     by_addr = {loc["address"]: loc for loc in p["locations"]}
     ids = {name: by_addr[kv[name] - 1]["id"] for name in ("ra_in_beta", "ra_in_gamma", "ra_in_main", "ra_in_static")}
     assert p["samples"] == [
@@ -166,6 +166,7 @@ def test_basic_profile(build_dir, pprof, tmp_path, program):
         ([ids["ra_in_gamma"], ids["ra_in_main"]], [3, 3000, 1, 1000]),   # the 0 pc dropped
         ([ids["ra_in_static"], ids["ra_in_main"]], [7, 700, 0, 0]),
         ([], [1, 1, 1, 1]),
+        ([by_addr[kv["nosize"]]["id"], by_addr[kv["nosize"] + 32]["id"]], [5, 50, 0, 0]),
     ]
     # our own names (from .dynsym, kept even in the stripped program); the static function has no name of ours,
     # and above all not its exported neighbour's
@@ -175,6 +176,8 @@ def test_basic_profile(build_dir, pprof, tmp_path, program):
     assert our_name("ra_in_beta") == ["pprof_test_beta"]
     assert our_name("ra_in_gamma") == ["pprof_test_gamma"]
     assert our_name("ra_in_static") == []
+    assert by_addr[kv["nosize"]]["functions"] == []   # a symbol without a size names nothing
+    assert by_addr[kv["nosize"] + 32]["functions"] == []
     assert all(name == system for name, system in p["functions"].values())
     # mappings: the program first, with its file and build ID; each location's mapping holds its address
     exe = build_dir / "bin" / program
@@ -192,10 +195,12 @@ def test_basic_profile(build_dir, pprof, tmp_path, program):
 
     # the real reader
     samples, locs, pmaps = pprof_raw(pprof, out)
-    assert [vals for vals, _ in samples] == [[10, 10240, 4, 4096], [3, 3000, 1, 1000], [7, 700, 0, 0], [1, 1, 1, 1]]
+    assert [vals for vals, _ in samples] == [[10, 10240, 4, 4096], [3, 3000, 1, 1000], [7, 700, 0, 0], [1, 1, 1, 1],
+                                             [5, 50, 0, 0]]
     assert [[locs[i][0] for i in lids] for _, lids in samples] == [
         [kv["ra_in_beta"] - 1, kv["ra_in_gamma"] - 1, kv["ra_in_main"] - 1],
-        [kv["ra_in_gamma"] - 1, kv["ra_in_main"] - 1], [kv["ra_in_static"] - 1, kv["ra_in_main"] - 1], []]
+        [kv["ra_in_gamma"] - 1, kv["ra_in_main"] - 1], [kv["ra_in_static"] - 1, kv["ra_in_main"] - 1], [],
+        [kv["nosize"], kv["nosize"] + 32]]
     text = {addr: t for addr, _, t in locs.values()}
     assert text[kv["ra_in_beta"] - 1].startswith("pprof_test_beta ")
     assert text[kv["ra_in_gamma"] - 1].startswith("pprof_test_gamma ")
@@ -206,8 +211,9 @@ def test_basic_profile(build_dir, pprof, tmp_path, program):
         assert text[kv["ra_in_static"] - 1].startswith("hidden_static_function ")
     else:
         assert text[kv["ra_in_static"] - 1] == ""
+        assert text[kv["nosize"]] == "" and text[kv["nosize"] + 32] == ""
     assert os.path.realpath(pmaps[0][2]) == os.path.realpath(exe) and pmaps[0][3] == build_id(exe)
-    for index, want in zip(("alloc_objects", "alloc_space", "inuse_objects", "inuse_space"), (21, 13941, 6, 5097)):
+    for index, want in zip(("alloc_objects", "alloc_space", "inuse_objects", "inuse_space"), (26, 13991, 6, 5097)):
         assert total(pprof, out, index) == want
     top = pprof("-top", "-sample_index=alloc_space", "-unit=B", out)
     assert re.search(r"^\s+10240B\s.*\spprof_test_beta$", top, re.M), top
