@@ -10,7 +10,10 @@
  *  - Mappings: the executable (r-x) file mappings of /proc/self/maps, the main program's first (pprof convention),
  *    with start, limit, file offset, file name and the GNU build ID in hex (read from the PT_NOTE segments that
  *    dl_iterate_phdr shows in memory: no file is read). has_functions stays false: pprof then still symbolises the
- *    mapping from the binary on disk where it can (DWARF file:line), and keeps our names where it cannot.
+ *    mapping from the binary on disk where it can (DWARF: file:line, and names of static functions), and keeps our
+ *    names where it cannot (stripped binaries, libraries without DWARF). Measured with go tool pprof 1.26: `true`
+ *    would lose file:line and every function missing from .dynsym; `false` costs only the name of a function whose
+ *    out-of-line copy refers to its name through DW_AT_abstract_origin (Go's reader shows it with file:line only).
  *  - Function names from dladdr1(RTLD_DL_SYMENT) (the dynamic symbol tables), accepted only if pc - 1 lies inside
  *    [st_value, st_value + st_size) of that function symbol: a neighbouring exported symbol is no answer. name and
  *    system_name are the symbol as linked (C++ names mangled: pprof demangles them).
