@@ -3,14 +3,19 @@
 INFO memory's allocator_* figures are Mallard's stats.* (they agree with Redis's own used_memory), and MEMORY PURGE
 (Redis's arena.<narenas>.purge) makes Mallard give memory back. 127.0.0.1 only, every step bounded in time.
 """
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import redis_server
+from conftest import BUILD, REPO
 
 pytestmark = pytest.mark.skipif(not (shutil.which("redis-server") and shutil.which("redis-cli")),
                                 reason="redis-server and redis-cli are not installed")
@@ -45,6 +50,32 @@ def server(preload, tmp_path):
         yield s
     finally:
         s.stop()
+
+
+def mallard_stats(pid: int) -> dict:
+    """Mallard's own statistics of the running server, read from its memory (`mallard stats --json PID`)."""
+    env = dict(os.environ, MALLARD_BUILD_DIR=str(BUILD),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "tools" / "mallard" / "src"),
+                                                       os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-m", "mallard_cli", "stats", "--json", str(pid)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["mallard"]["stats"]
+
+
+def test_redis_info_memory_matches_mallards_own_statistics(server):
+    """100k keys of ~200 bytes: INFO memory's allocator_* are Mallard's own figures (read live from the process
+    by `mallard stats`), within 10%; MEMORY MALLOC-STATS is Mallard's report."""
+    assert server.cli("DEBUG", "POPULATE", "100000", "key", "200") == "OK"
+    info = server.info_memory()
+    own = mallard_stats(server.proc.pid)
+    for redis_key, ours in (("allocator_allocated", "allocated"), ("allocator_active", "active"),
+                            ("allocator_resident", "resident")):
+        value = int(info[redis_key])
+        assert value > 20 << 20, f"{redis_key} {value}: not the figures of a server holding 100k keys"
+        assert abs(value - own[ours]) <= own[ours] // 10, f"{redis_key} {value} vs Mallard's {ours} {own[ours]}"
+    report = server.cli("MEMORY", "MALLOC-STATS")
+    assert "Mallard statistics" in report and "jemalloc" not in report.split("\n", 1)[0], report[:300]
 
 
 def test_redis_info_memory_and_purge_reach_mallard(server):
