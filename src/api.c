@@ -193,8 +193,17 @@ static void *zalloc_aligned(size_t align, size_t size) {
 }
 static void *zalloc(size_t total) { return zalloc_aligned(MLD_MIN_ALIGN, total); }
 
-static void *reallocate(void *p, size_t size) {
-  if (!p) return alloc(size);
+static void *prof_alloc(size_t size, size_t align, bool zero, const void *ra);
+
+/* A new block of `size` bytes for realloc: the sampling countdown counts it (a realloc that stays in place does not
+ * count, as it allocates nothing). ra: the return address into realloc's caller. */
+static void *realloc_new(size_t size, const void *ra) {
+  if (mld_prof_tick(size)) return prof_alloc(size, MLD_MIN_ALIGN, false, ra);
+  return alloc(size);
+}
+
+static void *reallocate(void *p, size_t size, const void *ra) {
+  if (!p) return realloc_new(size, ra);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
   if (unlikely(size > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }   /* the block stays as it was */
   segment_t *seg = segment_of(p);
@@ -240,7 +249,7 @@ static void *reallocate(void *p, size_t size) {
     if (!s) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
     old = s->user_size;
   }
-  void *q = alloc(want);
+  void *q = realloc_new(want, ra);
   if (!q) return NULL;   /* the old block stays valid, as the standard requires */
   memcpy(q, p, old < size ? old : size);
   dealloc(p);
@@ -248,7 +257,8 @@ static void *reallocate(void *p, size_t size) {
 }
 
 /* ---- heap profiling (prof.h): the countdown's slow paths ----
- * Every allocating entry point subtracts the request from the thread's countdown (two instructions: sub, js); when
+ * Every allocating entry point (realloc: only when it needs a new block) subtracts the request from the thread's
+ * countdown (two instructions: sub, js); when
  * it goes negative, prof_alloc decides. A sampled block is served as a large block (a span of 64 KiB slots, or a huge
  * mapping): its free never takes the small-block fast path, so that path needs no test, and the large and huge free
  * paths look the block up (mld_prof_forget) before giving it back. ra: the return address into the caller, where
@@ -258,20 +268,6 @@ static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const
   void *p = alloc_big(size, align, zero);
   if (p) mld_prof_record(p, size, ra);
   return p;
-}
-
-/* realloc whose countdown went negative: when sampled, the block moves to a new (sampled) one. */
-static MLD_NOINLINE void *prof_realloc(void *p, size_t size, const void *ra) {
-  if (!p) return prof_alloc(size, MLD_MIN_ALIGN, false, ra);
-  if (size > MLD_MAX_REQUEST || !mld_prof_take(size)) return reallocate(p, size);
-  size_t old = usable_size(p, "realloc");
-  if (!old) { errno = ENOMEM; return NULL; }   /* not ours: reported */
-  void *q = alloc_big(size, MLD_MIN_ALIGN, false);
-  if (!q) return NULL;   /* the old block stays valid */
-  memcpy(q, p, old < size ? old : size);
-  dealloc(p);
-  mld_prof_record(q, size, ra);
-  return q;
 }
 
 /* `expr` serves the request unless the countdown ran out; __builtin_return_address(0) is the exported function's. */
@@ -288,16 +284,12 @@ MLD_EXPORT void *mallard_calloc(size_t n, size_t size) {
   return PROF_ALLOC(total, MLD_MIN_ALIGN, true, zalloc(total));
 }
 
-MLD_EXPORT void *mallard_realloc(void *p, size_t size) {
-  if (mld_prof_tick(size)) return prof_realloc(p, size, __builtin_return_address(0));
-  return reallocate(p, size);
-}
+MLD_EXPORT void *mallard_realloc(void *p, size_t size) { return reallocate(p, size, __builtin_return_address(0)); }
 
 MLD_EXPORT void *mallard_reallocarray(void *p, size_t n, size_t size) {
   size_t total;
   if (unlikely(__builtin_mul_overflow(n, size, &total))) { errno = ENOMEM; return NULL; }
-  if (mld_prof_tick(total)) return prof_realloc(p, total, __builtin_return_address(0));
-  return reallocate(p, total);
+  return reallocate(p, total, __builtin_return_address(0));
 }
 
 MLD_EXPORT void *mallard_aligned_alloc(size_t align, size_t size) {
@@ -354,10 +346,7 @@ MLD_EXPORT void *mallard_mallocx(size_t size, int flags) {
 MLD_EXPORT void *mallard_rallocx(void *p, size_t size, int flags) {
   size_t align = MLD_X_ALIGN(flags);
   size_t old = usable_size(p, "rallocx");
-  if (align <= MLD_MIN_ALIGN && !(flags & MLD_X_ZERO)) {
-    if (mld_prof_tick(size ? size : 1)) return prof_realloc(p, size ? size : 1, __builtin_return_address(0));
-    return reallocate(p, size ? size : 1);
-  }
+  if (align <= MLD_MIN_ALIGN && !(flags & MLD_X_ZERO)) return reallocate(p, size ? size : 1, __builtin_return_address(0));
   void *q = mallard_mallocx(size, flags);
   if (!q) return NULL;
   memcpy(q, p, old < size ? old : size);
