@@ -3,6 +3,7 @@
 #include "internal.h"
 #include "mallard.h"
 #include "secure.h"
+#include "prof.h"
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -66,7 +67,11 @@ static inline void *alloc(size_t size) {
 
 static MLD_NOINLINE void free_foreign(void *p, const char *what) {
   segment_t *s = mld_big_aligned_find(p, true);
-  if (s) { mld_huge_free(mld_tls_heap, s, p); return; }
+  if (s) {
+    mld_prof_forget(p);
+    mld_huge_free(mld_tls_heap, s, p);
+    return;
+  }
   mld_report_invalid(what, p);
 }
 
@@ -79,11 +84,13 @@ static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
 /* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
 static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *pg, void *p) {
   if (unlikely(seg->kind == SEG_HUGE)) {
+    if (p == seg->user) mld_prof_forget(p);   /* sampled blocks are large or huge: their record goes first */
     mld_huge_free(mld_tls_heap, seg, p);   /* checks that p is the live block of the mapping */
   } else if (likely(pg->kind == PAGE_SMALL)) {
     mld_free_remote(pg, p);
     return;
   } else if (pg->kind == PAGE_LARGE && p == pg->user) {
+    mld_prof_forget(p);
     mld_large_free(mld_tls_heap, pg, p);
   } else {
     mld_report_invalid("free", p);
@@ -186,8 +193,17 @@ static void *zalloc_aligned(size_t align, size_t size) {
 }
 static void *zalloc(size_t total) { return zalloc_aligned(MLD_MIN_ALIGN, total); }
 
-static void *reallocate(void *p, size_t size) {
-  if (!p) return alloc(size);
+static void *prof_alloc(size_t size, size_t align, bool zero, const void *ra);
+
+/* A new block of `size` bytes for realloc: the sampling countdown counts it (a realloc that stays in place does not
+ * count, as it allocates nothing). ra: the return address into realloc's caller. */
+static void *realloc_new(size_t size, const void *ra) {
+  if (mld_prof_tick(size)) return prof_alloc(size, MLD_MIN_ALIGN, false, ra);
+  return alloc(size);
+}
+
+static void *reallocate(void *p, size_t size, const void *ra) {
+  if (!p) return realloc_new(size, ra);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
   if (unlikely(size > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }   /* the block stays as it was */
   segment_t *seg = segment_of(p);
@@ -198,7 +214,10 @@ static void *reallocate(void *p, size_t size) {
       old = seg->user_size;
 #ifndef MALLARD_SECURE
       if (size > MLD_LARGE_MAX) {
+        prof_rec_t rec;   /* a sampled block's record moves with it (out first: p's range may be reused at once) */
+        bool sampled = mld_prof_detach(p, &rec);
         void *q = mld_huge_realloc(mld_tls_heap, seg, p, size);
+        if (sampled) mld_prof_attach(q ? q : p, &rec);
         if (q) return q;   /* else (e.g. the mapping spans merged pieces mremap will not move) copy below */
       }
 #else
@@ -230,40 +249,58 @@ static void *reallocate(void *p, size_t size) {
     if (!s) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
     old = s->user_size;
   }
-  void *q = alloc(want);
+  void *q = realloc_new(want, ra);
   if (!q) return NULL;   /* the old block stays valid, as the standard requires */
   memcpy(q, p, old < size ? old : size);
   dealloc(p);
   return q;
 }
 
+/* ---- heap profiling (prof.h): the countdown's slow paths ----
+ * Every allocating entry point (realloc: only when it needs a new block) subtracts the request from the thread's
+ * countdown (two instructions: sub, js); when
+ * it goes negative, prof_alloc decides. A sampled block is served as a large block (a span of 64 KiB slots, or a huge
+ * mapping): its free never takes the small-block fast path, so that path needs no test, and the large and huge free
+ * paths look the block up (mld_prof_forget) before giving it back. ra: the return address into the caller, where
+ * the recorded stack starts. */
+static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const void *ra) {
+  if (!mld_prof_take(size)) return zero ? zalloc_aligned(align, size) : alloc_aligned(align, size);
+  void *p = alloc_big(size, align, zero);
+  if (p) mld_prof_record(p, size, ra);
+  return p;
+}
+
+/* `expr` serves the request unless the countdown ran out; __builtin_return_address(0) is the exported function's. */
+#define PROF_ALLOC(size, align, zero, expr) \
+  (mld_prof_tick(size) ? prof_alloc((size), (align), (zero), __builtin_return_address(0)) : (expr))
+
 /* ---- the prefixed API ---- */
-MLD_EXPORT void *mallard_malloc(size_t size) { return alloc(size); }
+MLD_EXPORT void *mallard_malloc(size_t size) { return PROF_ALLOC(size, MLD_MIN_ALIGN, false, alloc(size)); }
 MLD_EXPORT void mallard_free(void *p) { dealloc(p); }
 
 MLD_EXPORT void *mallard_calloc(size_t n, size_t size) {
   size_t total;
   if (unlikely(__builtin_mul_overflow(n, size, &total))) { errno = ENOMEM; return NULL; }
-  return zalloc(total);
+  return PROF_ALLOC(total, MLD_MIN_ALIGN, true, zalloc(total));
 }
 
-MLD_EXPORT void *mallard_realloc(void *p, size_t size) { return reallocate(p, size); }
+MLD_EXPORT void *mallard_realloc(void *p, size_t size) { return reallocate(p, size, __builtin_return_address(0)); }
 
 MLD_EXPORT void *mallard_reallocarray(void *p, size_t n, size_t size) {
   size_t total;
   if (unlikely(__builtin_mul_overflow(n, size, &total))) { errno = ENOMEM; return NULL; }
-  return reallocate(p, total);
+  return reallocate(p, total, __builtin_return_address(0));
 }
 
 MLD_EXPORT void *mallard_aligned_alloc(size_t align, size_t size) {
   if (unlikely(align == 0 || (align & (align - 1)))) { errno = EINVAL; return NULL; }
-  return alloc_aligned(align, size);
+  return PROF_ALLOC(size, align, false, alloc_aligned(align, size));
 }
 
 MLD_EXPORT int mallard_posix_memalign(void **out, size_t align, size_t size) {
   if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
   int saved = errno;
-  void *p = alloc_aligned(align, size);
+  void *p = PROF_ALLOC(size, align, false, alloc_aligned(align, size));
   if (!p) { errno = saved; return ENOMEM; }
   *out = p;
   return 0;
@@ -275,15 +312,15 @@ MLD_EXPORT void *mallard_memalign(size_t align, size_t size) {
     if (align > ((size_t)1 << 62)) { errno = EINVAL; return NULL; }
     align = (size_t)1 << (64 - __builtin_clzl(align));
   }
-  return alloc_aligned(align, size);
+  return PROF_ALLOC(size, align, false, alloc_aligned(align, size));
 }
 
-MLD_EXPORT void *mallard_valloc(size_t size) { return alloc_aligned(MLD_OS_PAGE, size); }
+MLD_EXPORT void *mallard_valloc(size_t size) { return PROF_ALLOC(size, MLD_OS_PAGE, false, alloc_aligned(MLD_OS_PAGE, size)); }
 
 MLD_EXPORT void *mallard_pvalloc(size_t size) {
   size_t r;
   if (!mld_round(size ? size : 1, MLD_OS_PAGE, &r)) { errno = ENOMEM; return NULL; }
-  return alloc_aligned(MLD_OS_PAGE, r);
+  return PROF_ALLOC(r, MLD_OS_PAGE, false, alloc_aligned(MLD_OS_PAGE, r));
 }
 
 MLD_EXPORT size_t mallard_usable_size(const void *p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
@@ -301,14 +338,15 @@ MLD_EXPORT size_t mallard_nallocx(size_t size, int flags) { return good_size(siz
 
 MLD_EXPORT void *mallard_mallocx(size_t size, int flags) {
   size_t align = MLD_X_ALIGN(flags);
-  if (flags & MLD_X_ZERO) return zalloc_aligned(align, size ? size : 1);
-  return alloc_aligned(align, size ? size : 1);
+  if (!size) size = 1;
+  if (flags & MLD_X_ZERO) return PROF_ALLOC(size, align, true, zalloc_aligned(align, size));
+  return PROF_ALLOC(size, align, false, alloc_aligned(align, size));
 }
 
 MLD_EXPORT void *mallard_rallocx(void *p, size_t size, int flags) {
   size_t align = MLD_X_ALIGN(flags);
   size_t old = usable_size(p, "rallocx");
-  if (align <= MLD_MIN_ALIGN && !(flags & MLD_X_ZERO)) return reallocate(p, size ? size : 1);
+  if (align <= MLD_MIN_ALIGN && !(flags & MLD_X_ZERO)) return reallocate(p, size ? size : 1, __builtin_return_address(0));
   void *q = mallard_mallocx(size, flags);
   if (!q) return NULL;
   memcpy(q, p, old < size ? old : size);

@@ -176,9 +176,27 @@ static int je_mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
     }
     return mallard_ctl(name, oldp, oldlenp, NULL, 0);   /* Mallard's own per-arena fields (nthreads, ...) */
   }
+  if (!strcmp(name, "prof.reset")) {   /* jemalloc's value is lg_prof_sample (size_t); Mallard's the mean itself */
+    if (oldp || (newp && newlen != sizeof(size_t))) return EINVAL;
+    size_t lg = 0, mean = 0;
+    if (newp) {
+      memcpy(&lg, newp, sizeof lg);
+      if (lg > 40) return EINVAL;
+      mean = (size_t)1 << lg;
+    }
+    return mallard_ctl("prof.reset", NULL, NULL, newp ? &mean : NULL, newp ? sizeof mean : 0);
+  }
+  if (!strcmp(name, "prof.lg_sample") || !strcmp(name, "opt.lg_prof_sample")) {   /* log2 of Mallard's mean */
+    if (newp || newlen) return EPERM;
+    size_t m = 0, l = sizeof m;
+    int e = mallard_ctl(name[0] == 'o' ? "opt.prof_sample" : "prof.sample", &m, &l, NULL, 0);
+    if (e) return e;
+    size_t lg = m ? 63 - (size_t)__builtin_clzl(m) : 0;
+    return rd(oldp, oldlenp, &lg, sizeof lg);
+  }
   /* Everything else means the same in both: version, epoch, stats.*, opt.narenas, opt.background_thread,
    * arenas.narenas, arenas.create, thread.arena, thread.allocated, thread.deallocated, thread.tcache.flush,
-   * background_thread (read); and Mallard's own names. An unknown name is ENOENT there. */
+   * background_thread (read), prof.active, prof.dump, opt.prof*; and Mallard's own names. An unknown name is ENOENT there. */
   return mallard_ctl(name, oldp, oldlenp, newp, newlen);
 }
 

@@ -4,6 +4,7 @@
 #include "mallard.h"
 #include "stats.h"
 #include "secure.h"
+#include "prof.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,15 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "page_cache")) READ(unsigned, mld_opt.page_cache);
   if (!strcmp(n, "zero_on_free")) READ(bool, mld_opt.zero_on_free);
   if (!strcmp(n, "secure")) READ(bool, MLD_SECURE_BUILD);
+  const prof_options_t *po = &mld_prof_opt;
+  if (!strcmp(n, "prof")) READ(bool, po->prof);
+  if (!strcmp(n, "prof_active")) READ(bool, po->active);
+  if (!strcmp(n, "prof_sample")) READ(size_t, po->sample);
+  if (!strcmp(n, "prof_final")) READ(bool, po->final);
+  if (!strcmp(n, "prof_leak")) READ(bool, po->leak);
+  if (!strcmp(n, "prof_prefix")) READ(const char *, po->prefix);
+  if (!strcmp(n, "prof_interval")) READ(size_t, po->interval);
+  if (!strcmp(n, "prof_signal")) READ(const char *, po->signame);
   unsigned c;
   if (!strncmp(n, "slab_sizes.", 11) && (n += 11, take_index(&n, &c)) && !*n && c < MLD_NUM_CLASSES)
     READ(size_t, (size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT);
@@ -110,6 +120,62 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
   if (!strcmp(n, "retained")) READ(size_t, g.retained);
   if (!strcmp(n, "dirty")) READ(size_t, g.dirty);
   if (!strcmp(n, "metadata")) READ(size_t, g.metadata);
+  return ENOENT;
+}
+
+/* Heap profiling (prof.h). Writes need prof:true at start-up (EPERM otherwise: the profiler cannot be added later). */
+static int ctl_prof(const char *n, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
+  if (!strcmp(n, "active")) {
+    if (newp) {
+      if (newlen != sizeof(bool) || !rd_ok(oldp, oldlenp, sizeof(bool))) return EINVAL;
+      if (!mld_prof_opt.prof) return EPERM;
+      bool old = mld_prof_is_active(), on;
+      memcpy(&on, newp, sizeof on);
+      mld_prof_set_active(on);
+      READ(bool, old);
+    }
+    READ(bool, mld_prof_is_active());
+  }
+  if (!strcmp(n, "sample")) {
+    if (newp) {
+      if (newlen != sizeof(size_t) || !rd_ok(oldp, oldlenp, sizeof(size_t))) return EINVAL;
+      if (!mld_prof_opt.prof) return EPERM;
+      size_t old = mld_prof_mean(), mean;
+      memcpy(&mean, newp, sizeof mean);
+      if (!mld_prof_set_sample(mean)) return EINVAL;
+      READ(size_t, old);
+    }
+    READ(size_t, mld_prof_mean());
+  }
+  if (!strcmp(n, "dump")) {   /* write: const char * (a path, or NULL for PREFIX.PID.SEQ.pb.gz) */
+    if (oldp || !newp || newlen != sizeof(const char *)) return EINVAL;
+    if (!mld_prof_opt.prof) return EPERM;
+    const char *path;
+    memcpy(&path, newp, sizeof path);
+    return mld_prof_dump(path) ? EFAULT : 0;
+  }
+  if (!strcmp(n, "reset")) {   /* write: size_t, a new mean (0: keep), or call with all NULL */
+    if (oldp) return EINVAL;
+    size_t mean = 0;
+    if (newp) {
+      if (newlen != sizeof(size_t)) return EINVAL;
+      memcpy(&mean, newp, sizeof mean);
+    }
+    if (!mld_prof_opt.prof) return EPERM;
+    return mld_prof_reset(mean) ? 0 : EINVAL;
+  }
+  if (!strncmp(n, "stats.", 6)) {
+    RO();
+    prof_stats_t st;
+    mld_prof_stats(&st);
+    n += 6;
+    if (!strcmp(n, "samples")) READ(uint64_t, st.samples);
+    if (!strcmp(n, "bytes_sampled")) READ(uint64_t, st.bytes_sampled);
+    if (!strcmp(n, "stacks")) READ(uint64_t, st.stacks);
+    if (!strcmp(n, "live")) READ(uint64_t, st.live);
+    if (!strcmp(n, "metadata")) READ(uint64_t, st.metadata);
+    if (!strcmp(n, "dumps")) READ(uint64_t, st.dumps);
+  }
   return ENOENT;
 }
 
@@ -177,5 +243,6 @@ MLD_EXPORT int mallard_ctl(const char *name, void *oldp, size_t *oldlenp, void *
     return 0;
   }
   if (!strcmp(name, "background_thread")) { RO(); READ(bool, mld_purge_thread_running()); }
+  if (!strncmp(name, "prof.", 5)) return ctl_prof(name + 5, oldp, oldlenp, newp, newlen);
   return ENOENT;
 }

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "mallard.h"
+#include "prof.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <errno.h>
@@ -21,7 +22,7 @@ extern const char *malloc_conf __attribute__((weak));
 
 static const char *const thp_names[] = { "default", "madvise", "always", "never" };   /* thp -1 is "never" */
 
-enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE };
+enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE, T_PROF };
 typedef struct opt_desc_s {
   const char *name;
   int type;
@@ -47,10 +48,21 @@ static const opt_desc_t descs[] = {
   { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS, "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16)" },
   { "page_cache", T_UINT, 0, 64, "an integer 0..64 (empty 64 KiB pages kept per thread)" },
   { "huge_cache_max", T_SIZE, 0, 1L << 40, "a size in bytes, with optional K, M or G (0: no cache)" },
+  /* heap profiling (prof.h; parsed by apply_prof) */
+  { "prof", T_PROF, 0, 1, "true or false" },
+  { "prof_active", T_PROF, 0, 1, "true or false" },
+  { "prof_sample", T_PROF, 1, 1L << 40, "a size in bytes 1..1T, with optional K, M or G (mean bytes between samples)" },
+  { "prof_final", T_PROF, 0, 1, "true or false" },
+  { "prof_leak", T_PROF, 0, 1, "true or false" },
+  { "prof_prefix", T_PROF, 1, MLD_PROF_PREFIX_MAX - 1, "a path prefix of 1..255 bytes, without ',' (dumps: PREFIX.PID.SEQ.pb.gz)" },
+  { "prof_interval", T_PROF, 0, 1L << 40, "a size in bytes, with optional K, M or G (0: off)" },
+  { "prof_signal", T_PROF, 0, 64, "a signal name such as SIGUSR2 or USR2, or none" },
+  { "prof_seed", T_PROF, 0, 0, "an integer >= 0 (0: random)" },
 };
 #define NDESCS (sizeof descs / sizeof descs[0])
 
 static void set_defaults(void) {
+  mld_prof_options_defaults();
   mld_opt.narenas = 0;
   mld_opt.dirty_decay_ms = 1000;
   mld_opt.background_thread = true;
@@ -84,7 +96,8 @@ typedef struct conf_src_s {
 /* jemalloc's keys that mean the same in Mallard, same name, same values (docs/COMPAT.md); any other key of a
  * jemalloc source is ignored and named in one line on stderr. */
 static const char *const jemalloc_keys[] = { "narenas", "dirty_decay_ms", "background_thread", "retain", "thp",
-                                             "abort_conf", "stats_print" };
+                                             "abort_conf", "stats_print", "prof", "prof_active", "prof_final",
+                                             "prof_leak", "prof_prefix" };
 
 /* The keys of one jemalloc source that were ignored, comma-separated (cut at the buffer's end, with "..."). */
 static char ignored_buf[256];
@@ -107,7 +120,8 @@ static void note_ignored(const char *k, size_t kl) {
 
 static const char *const known_keys =
     "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
-    "stats_print_opts, slab_sizes, page_cache, huge_cache_max";
+    "stats_print_opts, slab_sizes, page_cache, huge_cache_max, prof, prof_active, prof_sample, prof_final, prof_leak, "
+    "prof_prefix, prof_interval, prof_signal, prof_seed";
 
 /* One line per problem: where, which key, which value (not from a file), what is accepted. known: the key is one of
  * ours (so naming it discloses nothing). */
@@ -186,7 +200,61 @@ static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) 
   return true;
 }
 
+static bool key_is(const char *k, size_t kl, const char *name) { return strlen(name) == kl && !memcmp(k, name, kl); }
+
+/* The profiler's options (into mld_prof_opt, prof.h); false: bad value. */
+static bool apply_prof(const opt_desc_t *d, const char *v, size_t vl) {
+  const char *n = d->name;
+  bool b;
+  long x;
+  if (d->lo == 0 && d->hi == 1) {
+    if (!parse_bool(v, vl, &b)) return false;
+    if (!strcmp(n, "prof")) mld_prof_opt.prof = b;
+    else if (!strcmp(n, "prof_active")) mld_prof_opt.active = b;
+    else if (!strcmp(n, "prof_final")) mld_prof_opt.final = b;
+    else mld_prof_opt.leak = b;
+    return true;
+  }
+  if (!strcmp(n, "prof_sample") || !strcmp(n, "prof_interval")) {
+    if (!parse_size(v, vl, &x) || x < d->lo || x > d->hi) return false;
+    if (n[5] == 's') mld_prof_opt.sample = (size_t)x; else mld_prof_opt.interval = (size_t)x;
+    return true;
+  }
+  if (!strcmp(n, "prof_prefix")) {
+    if (vl < 1 || vl >= MLD_PROF_PREFIX_MAX || memchr(v, 0, vl)) return false;
+    memcpy(mld_prof_opt.prefix, v, vl);
+    mld_prof_opt.prefix[vl] = 0;
+    return true;
+  }
+  if (!strcmp(n, "prof_signal")) {
+    int sig = mld_prof_signal_parse(v, vl);
+    if (sig < 0) return false;
+    mld_prof_opt.signal = sig;
+    mld_prof_signal_name(sig, mld_prof_opt.signame, sizeof mld_prof_opt.signame);
+    return true;
+  }
+  /* prof_seed */
+  if (!parse_long(v, vl, &x) || x < 0) return false;
+  mld_prof_opt.seed = (uint64_t)x;
+  return true;
+}
+
+/* jemalloc's lg_prof_sample:N (2^N bytes between samples) and lg_prof_interval:N (-1: off). */
+static bool apply_jemalloc_lg(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
+  bool interval = key_is(k, kl, "lg_prof_interval");
+  if (!interval && !key_is(k, kl, "lg_prof_sample")) return false;
+  long x;
+  if (!parse_long(v, vl, &x) || x < (interval ? -1 : 0) || x > 40) {
+    conf_error(src, k, kl, true, v, vl, "bad value for option", "an integer 0..40 (lg_prof_interval: -1..40)");
+    return true;
+  }
+  if (interval) mld_prof_opt.interval = x < 0 ? 0 : (size_t)1 << x;
+  else mld_prof_opt.sample = (size_t)1 << x;
+  return true;
+}
+
 static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
+  if (src->jemalloc && apply_jemalloc_lg(src, k, kl, v, vl)) return;
   if (src->jemalloc) {
     bool mapped = false;
     for (size_t i = 0; i < sizeof jemalloc_keys / sizeof jemalloc_keys[0]; i++)
@@ -248,6 +316,9 @@ static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v
     break;
   case T_SLABS:
     ok = parse_slabs(v, vl, mld_opt.page_slots);
+    break;
+  case T_PROF:
+    ok = apply_prof(d, v, vl);
     break;
   }
   if (!ok) conf_error(src, k, kl, true, v, vl, "bad value for option", d->accepts);
@@ -415,6 +486,11 @@ size_t mld_options_format(char *buf, size_t len) {
     c = e + 1;
   }
   put(&f, ",page_cache:%u,huge_cache_max:%zu", mld_opt.page_cache, mld_opt.huge_cache_max);
+  const prof_options_t *po = &mld_prof_opt;
+  put(&f, ",prof:%s,prof_active:%s,prof_sample:%zu,prof_final:%s,prof_leak:%s,prof_prefix:%s,prof_interval:%zu,"
+          "prof_signal:%s,prof_seed:%llu",
+      tf(po->prof), tf(po->active), po->sample, tf(po->final), tf(po->leak), po->prefix, po->interval,
+      po->signame, (unsigned long long)po->seed);
   return f.n;
 }
 

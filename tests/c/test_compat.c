@@ -90,7 +90,7 @@ static void test_names(void) {
   RD(uint32_t, "arenas.bin.0.nregs", nregs);
   CHECK(bsize == 16 && nregs >= 1, "bin 0: size %zu nregs %u", bsize, nregs);
   /* Unknown names, or names with no Mallard meaning: ENOENT. */
-  const char *none[] = { "stats.nonexistent", "opt.tcache", "arena.0.reset", "arena.0.destroy", "prof.active",
+  const char *none[] = { "stats.nonexistent", "opt.tcache", "arena.0.reset", "arena.0.destroy", "prof.thread_active_init",
                          "stats.arenas.4096.bins.100000.curregs", "arenas.bin.100000.size", "arena.999.purge",
                          "thread.prof.name", "", "stats", "stats.arenas.4097.pactive", "arena.4097.purge" };
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
