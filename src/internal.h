@@ -75,6 +75,12 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t reserved;                     /* blocks that fit in the page */
   uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
+#ifdef MALLARD_SECURE
+  /* The secure variant's per-page secrets, drawn afresh whenever the page is initialised (secure.h). */
+  uint64_t list_key;                     /* free-list links are encrypted with it, canaries keyed with it */
+  uintptr_t start;                       /* page_start(): decoded links are checked against it */
+  uint64_t align_magic;                  /* ceil(2^64 / block_size): a decoded link must be a block start */
+#endif
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };

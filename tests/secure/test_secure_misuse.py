@@ -22,7 +22,7 @@ ABORTS = {
     "overflow": "heap buffer overflow: canary damaged after block 0x",
     "overflow-realloc": "heap buffer overflow: canary damaged after block 0x",
     "use-after-free": "free list corrupted",
-    "remote-double-free": "double free (by another thread) of 0x",
+    "remote-double-free": "double free or invalid free of 0x",
 }
 
 
