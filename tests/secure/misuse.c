@@ -13,6 +13,33 @@ static void *shared;
 static void *remote_free(void *arg) { (void)arg; free(shared); return NULL; }
 static void *volatile sink;
 
+/* A thread that frees `shared` and then waits, so that the block may still sit in its outbox while the main
+ * thread frees it again; it exits (sending its outbox) only when told. */
+static pthread_barrier_t freed, done;
+static void *remote_free_and_wait(void *arg) {
+  (void)arg;
+  free(shared);
+  pthread_barrier_wait(&freed);
+  pthread_barrier_wait(&done);
+  return NULL;
+}
+static void run_thread(void *(*fn)(void *)) {
+  pthread_t t;
+  pthread_create(&t, NULL, fn, NULL);
+  pthread_join(t, NULL);
+}
+
+/* Prints "twice" and exits 0 when one of n fresh allocations of `size` bytes is handed out twice (a misuse the
+ * allocator let through), else returns. */
+static void report_duplicates(size_t size, int n) {
+  void *got[64];
+  for (int i = 0; i < n && i < 64; i++) {
+    got[i] = malloc(size);
+    for (int j = 0; j < i; j++)
+      if (got[j] == got[i]) { printf("twice %p\n", got[i]); printf("not detected\n"); exit(0); }
+  }
+}
+
 /* Keep the compiler from reasoning about the misuse (it would warn, or drop the code). */
 static void *opaque(void *p) { sink = p; return sink; }
 /* memset through a volatile pointer: the compiler cannot prove the stores dead before a free and drop them. */
@@ -83,6 +110,37 @@ int main(int argc, char **argv) {
     pthread_join(t, NULL);
     pthread_create(&t, NULL, remote_free, NULL);
     pthread_join(t, NULL);
+  } else if (!strcmp(m, "remote-then-owner")) {
+    /* Another thread frees the block (it reaches the owner), then its owner frees it again. */
+    shared = p;
+    run_thread(remote_free);
+    free(opaque(p));
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "remote-pending-then-owner")) {
+    /* The same while the remote free still waits in the freeing thread's outbox (the thread has not exited). */
+    shared = p;
+    pthread_barrier_init(&freed, NULL, 2);
+    pthread_barrier_init(&done, NULL, 2);
+    pthread_t t;
+    pthread_create(&t, NULL, remote_free_and_wait, NULL);
+    pthread_barrier_wait(&freed);
+    free(opaque(p));
+    pthread_barrier_wait(&done);
+    pthread_join(t, NULL);
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "owner-then-remote")) {
+    free(p);
+    shared = opaque(p);
+    run_thread(remote_free);
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "self-loop")) {
+    /* The attack of issue 16: with only the program's own freed pointers and no key, one 8-byte write after free
+     * copies b's stored link (which leads to a) into a, so that a's link leads to a itself. */
+    char *a = malloc(40), *b = malloc(40);
+    free(a);
+    free(b);
+    memcpy(opaque(a), opaque(b), 8);
+    report_duplicates(40, 8);
   } else if (!strcmp(m, "metadata-guard")) {
     volatile char *seg = (char *)((uintptr_t)p & ~(uintptr_t)((4u << 20) - 1));
     printf("%d\n", seg[60000]);       /* inside the guard between the segment header and user data */
@@ -108,6 +166,56 @@ int main(int argc, char **argv) {
     printf("\nbig");
     for (int i = 0; i < 8; i++) printf(" %lx", (unsigned long)(uintptr_t)big[i]);
     printf("\n");
+    return 0;
+  } else if (!strcmp(m, "fresh-words")) {
+    /* Prints "clean" when the first word of every fresh block reads 0, else "nonzero N": what a program reading
+     * uninitialised memory learns (in a secure build before issue 16: a list terminator was the key itself). */
+    int nonzero = 0;
+    for (int i = 0; i < 300; i++) {
+      uint64_t *q = malloc(40);
+      if (*(volatile uint64_t *)opaque(q)) nonzero++;
+    }
+    if (nonzero) printf("nonzero %d\n", nonzero);
+    else printf("clean\n");
+    return 0;
+  } else if (!strcmp(m, "canary-key")) {
+    /* Reads the 8 bytes past the usable size of 64 blocks (the secure variant's canaries) and prints "constant" when
+     * canary ^ (address >> 4) is the same for all (a process-wide key readable by the program), else "varied". */
+    uint64_t first = 0;
+    int same = 0;
+    for (int i = 0; i < 64; i++) {
+      char *q = malloc(40);
+      uint64_t c;
+      memcpy(&c, (char *)opaque(q) + malloc_usable_size(q), 8);
+      uint64_t k = c ^ ((uintptr_t)q >> 4);
+      if (i == 0) first = k;
+      else same += k == first;
+    }
+    printf("%s\n", same == 63 ? "constant" : "varied");
+    return 0;
+  } else if (!strcmp(m, "reuse")) {
+    /* Prints how many of 100 malloc-after-free pairs got the block just freed back. */
+    int again = 0;
+    for (int i = 0; i < 100; i++) {
+      void *a = malloc(40);
+      free(opaque(a));
+      void *b = malloc(40);
+      again += a == b;
+      sink = b;
+    }
+    printf("%d\n", again);
+    return 0;
+  } else if (!strcmp(m, "zero-on-free-remote")) {
+    /* zero_on_free and a block freed by another thread: prints "wiped" or "not wiped at N" as below. */
+    char *q = malloc(200);
+    opaque_memset(q, 0x5a, 200);
+    shared = q;
+    run_thread(remote_free);
+    int bad = -1;
+    for (int i = 16; i < 192 && bad < 0; i++)
+      if (((volatile char *)q)[i] != 0) bad = i;
+    if (bad >= 0) printf("not wiped at %d\n", bad);
+    else printf("wiped\n");
     return 0;
   } else if (!strcmp(m, "zero-on-free")) {
     /* Prints "wiped" or "not wiped at N", then "reported R": what mallard_ctl says opt.zero_on_free is. */
