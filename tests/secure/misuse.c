@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void *shared;
 static void *remote_free(void *arg) { (void)arg; free(shared); return NULL; }
@@ -204,6 +206,22 @@ int main(int argc, char **argv) {
       sink = b;
     }
     printf("%d\n", again);
+    return 0;
+  } else if (!strcmp(m, "fork-random")) {
+    /* Two children of one parent each print a line: the address of a new huge block and the order of 32 blocks of
+     * a size class the parent never used. Equal lines: the children share the parent's randomness. */
+    fflush(stdout);
+    for (int c = 0; c < 2; c++) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        printf("%p", malloc(6u << 20));
+        for (int i = 0; i < 32; i++) printf(" %lx", (unsigned long)((uintptr_t)malloc(3000) & 0xfffff));
+        printf("\n");
+        fflush(stdout);
+        _exit(0);
+      }
+      waitpid(pid, NULL, 0);
+    }
     return 0;
   } else if (!strcmp(m, "zero-on-free-remote")) {
     /* zero_on_free and a block freed by another thread: prints "wiped" or "not wiped at N" as below. */

@@ -214,3 +214,20 @@ def test_secure_zero_on_free_remote_control_off():
 
 def test_fast_zero_on_free_remote_control():
     assert output(FAST, "zero-on-free-remote").startswith("not wiped")
+
+
+def fork_children(lib):
+    lines = output(lib, "fork-random").splitlines()
+    assert len(lines) == 2, lines
+    return lines
+
+
+def test_secure_fork_children_are_reseeded():
+    """Two children of one parent get different new-region addresses and a different order of fresh blocks."""
+    a, b = fork_children(SECURE)
+    assert a.split()[0] != b.split()[0] and a.split()[1:] != b.split()[1:], (a, b)
+
+
+def test_fast_fork_children_alike_control():
+    a, b = fork_children(FAST)
+    assert a == b
