@@ -64,7 +64,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
-  uint8_t pad_[2];
+  uint8_t guarded;                       /* secure variant: small page whose last OS page is a guard (PROT_NONE) */
+  uint8_t pad_[1];
   void *user;                            /* large block: the pointer handed out (checked on free) */
   size_t large_size;                     /* large block: requested usable size */
   uint64_t dirty_since;                  /* free span: when it became dirty, ms */

@@ -8,7 +8,7 @@ page_t mld_page_empty = { .kind = PAGE_META };
 #define EXTEND_BYTES (16 * 1024)   /* carve at most this much of a fresh page at a time: RSS grows with use */
 
 void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
-  size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+  size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? MLD_OS_PAGE : 0);
   pg->free = NULL;
   atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
   pg->used = 0;

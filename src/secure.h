@@ -11,6 +11,11 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
+/* Tunables of the secure variant (named constants until they become options; docs/SECURITY.md gives their cost). */
+#define MLD_GUARD_SLAB_INTERVAL 4            /* a small page whose span ends on a multiple of this many slots ends
+                                              * in a guard page (hardened_malloc's guard slabs); 0: none */
+#define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large and huge blocks from this size: purged and PROT_NONE */
+#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back */
 #define MLD_CANARY 8                                          /* bytes reserved at the end of a small block */
 #define MLD_CANARY_MAX 4096                                   /* classes up to this size carry a canary, larger ones not */
 /* The size whose class serves a request: room for the canary below MLD_CANARY_MAX, none above (a request that

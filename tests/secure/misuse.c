@@ -207,6 +207,43 @@ int main(int argc, char **argv) {
     }
     printf("%d\n", again);
     return 0;
+  } else if (!strcmp(m, "slab-guard")) {
+    /* A linear overflow of 8 KiB past a 4000-byte block of a small page that ends in a guard page (found through
+     * /proc/self/maps among 300 blocks; the fast variant has none: the overflow runs past the last block). */
+    char *q = NULL;
+    for (int i = 0; i < 300 && !q; i++) {
+      char *b = malloc(4000);
+      uintptr_t end = ((uintptr_t)b + malloc_usable_size(b) + 8 + 4095) & ~(uintptr_t)4095;
+      if (page_is_prot_none(end) == 1 || page_is_prot_none(end + 4096) == 1) q = b;
+      if (i == 299 && !q) q = b;
+    }
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 8192);
+  } else if (!strcmp(m, "large-guard")) {
+    char *q = malloc(1u << 20);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);   /* 100 bytes past a 1 MiB block */
+  } else if (!strcmp(m, "huge-cache-guard")) {
+    /* A 7 MiB block served from the huge cache by an 8 MiB mapping, then a 1,000,000-byte overflow past it. */
+    free(opaque(malloc(8u << 20)));
+    char *q = malloc(7u << 20);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 1000000);
+  } else if (!strcmp(m, "large-uaf-read") || !strcmp(m, "huge-uaf-read")) {
+    size_t n = m[0] == 'l' ? 512u << 10 : 8u << 20;
+    char *q = malloc(n);
+    opaque_memset(q, 0x5a, n);
+    free(q);
+    printf("read %x\n", ((volatile unsigned char *)opaque(q))[100]);   /* after free: faults in the secure variant */
+  } else if (!strcmp(m, "reuse-large")) {
+    /* Prints how many of 20 malloc-after-free pairs of 512 KiB got the block just freed back. */
+    int again = 0;
+    for (int i = 0; i < 20; i++) {
+      void *a = malloc(512u << 10);
+      free(opaque(a));
+      void *b = malloc(512u << 10);
+      again += a == b;
+      free(b);
+    }
+    printf("%d\n", again);
+    return 0;
   } else if (!strcmp(m, "fork-random")) {
     /* Two children of one parent each print a line: the address of a new huge block and the order of 32 blocks of
      * a size class the parent never used. Equal lines: the children share the parent's randomness. */

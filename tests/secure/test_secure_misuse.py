@@ -231,3 +231,27 @@ def test_secure_fork_children_are_reseeded():
 def test_fast_fork_children_alike_control():
     a, b = fork_children(FAST)
     assert a == b
+
+
+# Guard pages and freed big blocks: the secure variant faults (SIGSEGV), the fast variant runs on (control).
+FAULTS = ["slab-guard", "large-guard", "huge-cache-guard", "large-uaf-read", "huge-uaf-read"]
+
+
+@pytest.mark.parametrize("misuse", FAULTS)
+def test_secure_faults(misuse):
+    r = run(SECURE, misuse)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("misuse", FAULTS)
+def test_fast_runs_on_control(misuse):
+    r = run(FAST, misuse)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+
+
+def test_secure_no_immediate_reuse_large():
+    assert output(SECURE, "reuse-large") == "0"
+
+
+def test_fast_immediate_reuse_large_control():
+    assert output(FAST, "reuse-large") == "20"
