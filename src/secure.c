@@ -121,7 +121,20 @@ uintptr_t mld_random_hint(void) {
   return (uintptr_t)((((r % ((1ull << 46) - (1ull << 40))) + (1ull << 40)) >> MLD_SEGMENT_SHIFT) << MLD_SEGMENT_SHIFT);
 }
 
-void mld_secure_fail(const char *what, const void *p) {
+void mld_secure_report(const char *what, const void *p) {
   mld_fatal("mallard-secure: %s %p; aborting\n", what, p);
 }
+
+#if defined(__x86_64__)
+/* mld_secure_fail's target (secure.h): arguments in rdi and rsi as for a call; the stack is aligned here. */
+__asm__(".text\n"
+        ".globl mld_secure_fail_entry\n"
+        ".hidden mld_secure_fail_entry\n"
+        ".type mld_secure_fail_entry, @function\n"
+        "mld_secure_fail_entry:\n"
+        "  andq $-16, %rsp\n"
+        "  call mld_secure_report\n"
+        "  ud2\n"
+        ".size mld_secure_fail_entry, . - mld_secure_fail_entry\n");
+#endif
 #endif

@@ -31,7 +31,18 @@ MLD_HIDDEN void mld_secure_init(void);
 MLD_HIDDEN void mld_secure_fork_child(void);
 MLD_HIDDEN bool mld_secure_weak_seed(void);
 MLD_HIDDEN uint64_t mld_random64(void);
-MLD_HIDDEN void mld_secure_fail(const char *what, const void *p) __attribute__((noreturn, cold));
+MLD_HIDDEN void mld_secure_report(const char *what, const void *p) __attribute__((noreturn, cold));
+#if defined(__x86_64__)
+/* The report is reached by a jump (secure.c: an entry that aligns the stack and calls mld_secure_report): a call
+ * on the fast paths makes every malloc and free align the stack for it, although it never returns. */
+#define mld_secure_fail(what, p)                                                                   \
+  do {                                                                                             \
+    __asm__ volatile("jmp mld_secure_fail_entry" : : "D"(what), "S"((const void *)(p)));           \
+    __builtin_unreachable();                                                                       \
+  } while (0)
+#else
+#define mld_secure_fail(what, p) mld_secure_report(what, p)
+#endif
 MLD_HIDDEN void mld_shuffle(block_t **blocks, size_t n);
 MLD_HIDDEN void mld_secure_page_keys(page_t *pg);
 
@@ -82,6 +93,33 @@ static inline bool bm_test(const void *p) {
   _Atomic(uint64_t) *w = bm_word(p, &bit);
   return atomic_load_explicit(w, memory_order_relaxed) & bit;
 }
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+/* x86-64: `lock bts/btr` address the bitmap as one bit string (the granule index is the bit offset), which spares
+ * the word and mask arithmetic on the fast paths. Same semantics as the portable versions below, which
+ * ThreadSanitizer builds use (it does not see inside asm). */
+#define MLD_BM_ASM(insn, p, was)                                                                          \
+  do {                                                                                                   \
+    uintptr_t seg_ = (uintptr_t)(p) & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1);                                  \
+    uint64_t g_ = ((uintptr_t)(p) & (MLD_SEGMENT_SIZE - 1)) >> 4;                                          \
+    /* No memory operand: the bitmap is only ever read by atomic loads (bm_test), which the compiler neither  \
+     * caches nor merges, so it need not know which bytes change; volatile keeps the asm where it is. */      \
+    __asm__ volatile("lock " insn " %1, %c3(%2)"                                                         \
+                     : "=@ccc"(was)                                                                      \
+                     : "r"(g_), "r"(seg_), "i"(MLD_BITMAP_OFFSET));                                      \
+  } while (0)
+/* Set p's bit; false if it was set already (the block is live). */
+static inline bool bm_claim(const void *p) {
+  bool was;
+  MLD_BM_ASM("btsq", p, was);
+  return !was;
+}
+/* Clear p's bit; false if it was clear already (not live: a double or invalid free). */
+static inline bool bm_release(const void *p) {
+  bool was;
+  MLD_BM_ASM("btrq", p, was);
+  return was;
+}
+#else
 /* Set p's bit; false if it was set already (the block is live). */
 static inline bool bm_claim(const void *p) {
   uint64_t bit;
@@ -94,6 +132,7 @@ static inline bool bm_release(const void *p) {
   _Atomic(uint64_t) *w = bm_word(p, &bit);
   return atomic_fetch_and_explicit(w, ~bit, memory_order_relaxed) & bit;
 }
+#endif
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
  * A keyed hash of the block's address with its page's key (a 128-bit multiply by the key, folded): the key is
@@ -102,11 +141,21 @@ static inline uint64_t *canary_at(const page_t *pg, const void *b) {
   return (uint64_t *)((uint8_t *)b + pg->block_size - MLD_CANARY);
 }
 static inline uint64_t canary_value(const page_t *pg, const void *b) {
-  __uint128_t m = (__uint128_t)((uintptr_t)b ^ (pg->list_key >> 17)) * (pg->list_key | 1);
+  __uint128_t m = (__uint128_t)((uintptr_t)b ^ pg->list_key) * (pg->list_key | 1);
   return (uint64_t)m ^ (uint64_t)(m >> 64);
 }
 static inline bool canary_damaged(const page_t *pg, const void *b) {
   return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(pg, b);
+}
+
+/* zero_on_free's wipe. On x86-64 `rep stosb` inline: a call to memset would make the free fast path save and
+ * restore registers on every free, wiping or not. */
+static inline void secure_wipe(void *p, size_t n) {
+#if defined(__x86_64__)
+  __asm__ volatile("rep stosb" : "+D"(p), "+c"(n) : "a"(0) : "memory");
+#else
+  __builtin_memset(p, 0, n);
+#endif
 }
 
 /* A small block is handed out (its link already decoded): it must be free, it becomes live, its link word is
@@ -126,7 +175,7 @@ static inline void secure_check_free(const page_t *pg, const void *b) {
 static inline void secure_release(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_release(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
-  if (unlikely(mld_opt.zero_on_free)) __builtin_memset((void *)b, 0, pg->block_size);
+  if (unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
 }
 #else
 #define MLD_SECURE_BUILD false
