@@ -30,7 +30,7 @@ static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, siz
   if (block_size >= MLD_SECURE_NOACCESS_MIN) {
     if (!mld_os_purge(p, n)) memset(wipe, 0, wipe_len);   /* contents must go even when madvise fails */
     mprotect(p, n, PROT_NONE);
-  } else if (mld_opt.zero_on_free) {
+  } else if (MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) {
     memset(wipe, 0, wipe_len);
   }
 }
@@ -39,7 +39,7 @@ static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, siz
  * does not get the block just freed, and a use after free faults meanwhile. A full quarantine sends a random
  * entry back (randomised delayed reuse). */
 static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
-static page_t *quarantine[MLD_LARGE_QUARANTINE];
+static page_t *quarantine[MLD_LARGE_QUARANTINE ? MLD_LARGE_QUARANTINE : 1];
 
 static void large_release(page_t *pg) {
   uint8_t *start = page_start(pg);
@@ -51,7 +51,8 @@ static void large_quarantine(page_t *pg) {
   uint8_t *start = page_start(pg);
   size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
   noaccess(start, bytes, pg->large_size, start, bytes - MLD_SLOT_SIZE);   /* the last slot holds the guard */
-  size_t i = (size_t)(mld_random64() % MLD_LARGE_QUARANTINE);
+  if (!MLD_LARGE_QUARANTINE) { large_release(pg); return; }
+  size_t i = (size_t)(mld_random64() % (MLD_LARGE_QUARANTINE ? MLD_LARGE_QUARANTINE : 1));
   pthread_mutex_lock(&quarantine_lock);
   page_t *out = quarantine[i];
   quarantine[i] = pg;

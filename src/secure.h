@@ -11,11 +11,24 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
-/* Tunables of the secure variant (named constants until they become options; docs/SECURITY.md gives their cost). */
+/* Tunables of the secure variant: named constants until they become options (docs/SECURITY.md gives their cost;
+ * a build may set them with -D to measure one feature at a time). */
+#ifndef MLD_GUARD_SLAB_INTERVAL
 #define MLD_GUARD_SLAB_INTERVAL 4            /* a small page whose span ends on a multiple of this many slots ends
                                               * in a guard page (hardened_malloc's guard slabs); 0: none */
+#endif
+#ifndef MLD_SECURE_NOACCESS_MIN
 #define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large and huge blocks from this size: purged and PROT_NONE */
-#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back */
+#endif
+#ifndef MLD_LARGE_QUARANTINE
+#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back; 0: none */
+#endif
+#ifndef MLD_ZERO_ON_FREE_ALWAYS
+#define MLD_ZERO_ON_FREE_ALWAYS 0            /* 1: wipe on every free whatever zero_on_free says (cost measurement) */
+#endif
+#ifndef MLD_DELAYED_REUSE
+#define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
+#endif
 #define MLD_CANARY 8                                          /* bytes reserved at the end of a small block */
 #define MLD_CANARY_MAX 4096                                   /* classes up to this size carry a canary, larger ones not */
 /* The size whose class serves a request: room for the canary below MLD_CANARY_MAX, none above (a request that
@@ -175,7 +188,7 @@ static inline void secure_check_free(const page_t *pg, const void *b) {
 static inline void secure_release(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_release(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
-  if (unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
+  if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
 }
 #else
 #define MLD_SECURE_BUILD false
@@ -196,11 +209,11 @@ static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
    * link moves to b as it is. */
   secure_release(pg, b);
   block_t *head = pg->free;
-  if (likely(head != NULL)) {
+  if (MLD_DELAYED_REUSE && likely(head != NULL)) {
     b->next = head->next;
     blk_set_next(pg, head, b);
   } else {
-    b->next = NULL;
+    blk_set_next(pg, b, head);
     pg->free = b;
   }
 #else
