@@ -23,16 +23,12 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
 /* ---- the secure variant's freed large and huge blocks: wiped and made inaccessible ---- */
 #ifdef MALLARD_SECURE
-/* Freed bytes [p, p + n) (OS-page aligned) stop being readable: purged (the kernel drops them; they read back as
- * zero) and PROT_NONE. Below MLD_SECURE_NOACCESS_MIN only zero_on_free wipes them (`wipe`: the bytes that are
- * accessible now). */
+/* Freed bytes [p, p + n) (OS-page aligned): wiped under zero_on_free (purged: the kernel drops them and they read
+ * back as zero; `wipe`, the bytes accessible now, is cleared when madvise fails), and PROT_NONE from
+ * MLD_SECURE_NOACCESS_MIN on. Without zero_on_free they stay resident (reused without page faults), unreadable. */
 static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
-  if (block_size >= MLD_SECURE_NOACCESS_MIN) {
-    if (!mld_os_purge(p, n)) memset(wipe, 0, wipe_len);   /* contents must go even when madvise fails */
-    mprotect(p, n, PROT_NONE);
-  } else if (MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) {
-    memset(wipe, 0, wipe_len);
-  }
+  if ((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) && !mld_os_purge(p, n)) memset(wipe, 0, wipe_len);
+  if (block_size >= MLD_SECURE_NOACCESS_MIN) mprotect(p, n, PROT_NONE);
 }
 
 /* Freed large blocks wait here, inaccessible, before their spans go back to the arena: the next large malloc
@@ -118,18 +114,33 @@ void mld_large_free(heap_t *h, page_t *pg, void *p) {
 
 /* Resize a large block without moving it: shrink gives the tail back, growth absorbs the next free span. */
 bool mld_large_resize_in_place(page_t *pg, size_t size) {
-#ifdef MALLARD_SECURE
-  (void)pg; (void)size;
-  return false;   /* the guard page stays where it is: a resized block moves */
-#endif
   uint8_t *start = page_start(pg);
   size_t head = (size_t)((uint8_t *)pg->user - start);
   size_t slots = (head + size + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
   arena_t *a = segment_of(pg)->arena;
   size_t old = pg->large_size;
+#ifdef MALLARD_SECURE
+  /* The guard slot moves with the block's end: the new guard page is protected before the old one is opened, and
+   * a tail given back is opened (and wiped under zero_on_free) first: the arena only holds accessible memory. */
+  slots++;
+  uint8_t *old_guard = start + (((size_t)pg->slot_count - 1) << MLD_SLOT_SHIFT);
+  uint8_t *new_guard = start + ((slots - 1) << MLD_SLOT_SHIFT);
+  if (slots < pg->slot_count) {
+    mprotect(new_guard, MLD_OS_PAGE, PROT_NONE);
+    mprotect(old_guard, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+    if (MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) mld_os_purge(start + (slots << MLD_SLOT_SHIFT), (pg->slot_count - slots) << MLD_SLOT_SHIFT);
+    mld_arena_shrink_large(a, pg, slots);
+  } else if (slots > pg->slot_count) {
+    if (!mld_arena_grow_large(a, pg, slots)) return false;
+    mprotect(new_guard, MLD_OS_PAGE, PROT_NONE);
+    mprotect(old_guard, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+  }
+  pg->large_size = (((size_t)pg->slot_count - 1) << MLD_SLOT_SHIFT) - head;
+#else
   if (slots < pg->slot_count) mld_arena_shrink_large(a, pg, slots);
   else if (slots > pg->slot_count && !mld_arena_grow_large(a, pg, slots)) return false;
   pg->large_size = (pg->slot_count << MLD_SLOT_SHIFT) - head;
+#endif
   if (pg->large_size > old) __atomic_fetch_add(&a->large_active, pg->large_size - old, __ATOMIC_RELAXED);
   else __atomic_fetch_sub(&a->large_active, old - pg->large_size, __ATOMIC_RELAXED);
   return true;
@@ -322,11 +333,9 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
 #ifdef MALLARD_SECURE
   if (!fresh) {
     /* A cached mapping is inaccessible past its header (mld_huge_free): the block's pages become accessible, and
-     * everything after them stays PROT_NONE, so the guard is right after the block whatever the mapping's size.
-     * Its pages were purged when it was freed: they read as zero. */
+     * everything after them stays PROT_NONE, so the guard is right after the block whatever the mapping's size. */
     mprotect((uint8_t *)seg + MLD_HUGE_HEADER, off + usable - MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
     mprotect((uint8_t *)seg + off + usable, seg->map_size - off - usable, PROT_NONE);
-    dirty = 0;
   }
 #endif
   seg->user_size = usable;   /* a cached mapping may be larger: promise what was asked (= nallocx) */

@@ -48,13 +48,37 @@ static void get_seed(void *buf, size_t len) {
   if (getrandom(buf, len, GRND_NONBLOCK) != (ssize_t)len) seed_fallback(buf, len);
 }
 
-static void rng_key(rng_t *r) {
+static void rng_block(rng_t *r);
+
+/* The process's master generator, keyed from getrandom; it keys each thread's generator (no system call per
+ * thread). Under a spin lock; re-keyed from getrandom in a fork child. */
+static rng_t master;
+static _Atomic(int) master_lock;
+
+static void rng_init(rng_t *r, const void *key) {
   static const uint32_t sigma[4] = { 0x61707865, 0x3320646e, 0x79622d32, 0x6b206574 };   /* "expand 32-byte k" */
   memcpy(r->state, sigma, sizeof sigma);
-  get_seed(&r->state[4], 32);
-  memset(&r->state[12], 0, 16);   /* counter and nonce start at zero: each thread has its own key */
+  memcpy(&r->state[4], key, 32);
+  memset(&r->state[12], 0, 16);   /* counter and nonce start at zero: each generator has its own key */
   r->used = 16;
   r->generation = atomic_load_explicit(&seed_generation, memory_order_relaxed);
+}
+
+static void rng_key(rng_t *r) {
+  uint32_t key[8];
+  mld_spin_lock(&master_lock);
+  if (master.generation != atomic_load_explicit(&seed_generation, memory_order_relaxed)) {
+    get_seed(key, sizeof key);
+    rng_init(&master, key);
+  }
+  for (int i = 0; i < 8; i++) {
+    if (master.used == 16) rng_block(&master);
+    key[i] = master.out[master.used];
+    master.out[master.used++] = 0;
+  }
+  mld_spin_unlock(&master_lock);
+  rng_init(r, key);
+  memset(key, 0, sizeof key);
 }
 
 #define ROTL(x, n) (((x) << (n)) | ((x) >> (32 - (n))))
@@ -94,8 +118,9 @@ bool mld_secure_weak_seed(void) { return atomic_load(&weak_seed); }
  * lives on, and it re-keys at once), so the child's page keys, allocation order and segment addresses owe
  * nothing to the parent's or a sibling's. Pages made before the fork keep their keys (see docs/SECURITY.md). */
 void mld_secure_fork_child(void) {
+  atomic_store_explicit(&master_lock, 0, memory_order_relaxed);   /* a thread that held it does not exist here */
   atomic_fetch_add_explicit(&seed_generation, 1, memory_order_relaxed);
-  rng_key(&rng);
+  rng_key(&rng);   /* the master is re-keyed from getrandom first */
 }
 
 /* A page starts (or starts again): fresh keys; the alignment magic for its block size. */

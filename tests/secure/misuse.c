@@ -221,6 +221,13 @@ int main(int argc, char **argv) {
   } else if (!strcmp(m, "large-guard")) {
     char *q = malloc(1u << 20);
     opaque_memset(q, 0x41, malloc_usable_size(q) + 100);   /* 100 bytes past a 1 MiB block */
+  } else if (!strcmp(m, "large-realloc-guard")) {
+    /* Large blocks resized (in place where the next span is free) keep their guard right after them. */
+    char *q = malloc(400u << 10);
+    q = realloc(q, 1u << 20);
+    q = realloc(q, 1500u << 10);
+    q = realloc(q, 300u << 10);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
   } else if (!strcmp(m, "huge-cache-guard")) {
     /* A 7 MiB block served from the huge cache by an 8 MiB mapping, then a 1,000,000-byte overflow past it. */
     free(opaque(malloc(8u << 20)));

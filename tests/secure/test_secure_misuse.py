@@ -234,7 +234,7 @@ def test_fast_fork_children_alike_control():
 
 
 # Guard pages and freed big blocks: the secure variant faults (SIGSEGV), the fast variant runs on (control).
-FAULTS = ["slab-guard", "large-guard", "huge-cache-guard", "large-uaf-read", "huge-uaf-read"]
+FAULTS = ["slab-guard", "large-guard", "large-realloc-guard", "huge-cache-guard", "large-uaf-read", "huge-uaf-read"]
 
 
 @pytest.mark.parametrize("misuse", FAULTS)
