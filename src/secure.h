@@ -114,11 +114,11 @@ static inline bool bm_test(const void *p) {
   do {                                                                                                   \
     uintptr_t seg_ = (uintptr_t)(p) & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1);                                  \
     uint64_t g_ = ((uintptr_t)(p) & (MLD_SEGMENT_SIZE - 1)) >> 4;                                          \
-    /* No memory operand: the bitmap is only ever read by atomic loads (bm_test), which the compiler neither  \
-     * caches nor merges, so it need not know which bytes change; volatile keeps the asm where it is. */      \
-    __asm__ volatile("lock " insn " %1, %c3(%2)"                                                         \
-                     : "=@ccc"(was)                                                                      \
-                     : "r"(g_), "r"(seg_), "i"(MLD_BITMAP_OFFSET));                                      \
+    /* The whole bitmap is the memory operand: the compiler orders the asm with the surrounding accesses (a remote \
+     * free's clear must precede the publication of the block) as it would an atomic read-modify-write. */        \
+    __asm__ volatile("lock " insn " %2, %1"                                                              \
+                     : "=@ccc"(was), "+m"(*(uint64_t(*)[MLD_BITMAP_BYTES / 8])(seg_ + MLD_BITMAP_OFFSET))  \
+                     : "r"(g_));                                                                         \
   } while (0)
 /* Set p's bit; false if it was set already (the block is live). */
 static inline bool bm_claim(const void *p) {
