@@ -25,6 +25,12 @@ static void *remote_free_and_wait(void *arg) {
   pthread_barrier_wait(&done);
   return NULL;
 }
+static void *racing_free(void *arg) {
+  (void)arg;
+  pthread_barrier_wait(&freed);
+  free(shared);
+  return NULL;
+}
 static void run_thread(void *(*fn)(void *)) {
   pthread_t t;
   pthread_create(&t, NULL, fn, NULL);
@@ -134,6 +140,17 @@ int main(int argc, char **argv) {
     free(p);
     shared = opaque(p);
     run_thread(remote_free);
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "racing-double-free")) {
+    /* Two other threads free the block at the same moment, 200 times over: exactly one of each pair may win. */
+    for (int round = 0; round < 200; round++) {
+      shared = malloc(40);
+      pthread_barrier_init(&freed, NULL, 2);
+      pthread_t t[2];
+      for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, racing_free, NULL);
+      for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+      pthread_barrier_destroy(&freed);
+    }
     report_duplicates(40, 64);
   } else if (!strcmp(m, "self-loop")) {
     /* The attack of issue 16: with only the program's own freed pointers and no key, one 8-byte write after free
