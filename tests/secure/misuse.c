@@ -245,6 +245,14 @@ int main(int argc, char **argv) {
     q = realloc(q, 1500u << 10);
     q = realloc(q, 300u << 10);
     opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
+  } else if (!strcmp(m, "huge-realloc-guard")) {
+    /* Huge blocks resized inside their mapping (grown, then shrunk) keep the guard right after their end. */
+    char *q = malloc(5u << 20);
+    q = realloc(q, (11u << 20) / 2);   /* moves, with room to grow */
+    q = realloc(q, 7u << 20);          /* grows inside the mapping */
+    opaque_memset(q, 0x41, 7u << 20);
+    q = realloc(q, 6u << 20);          /* shrinks inside it */
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
   } else if (!strcmp(m, "huge-cache-guard")) {
     /* A 7 MiB block served from the huge cache by an 8 MiB mapping, then a 1,000,000-byte overflow past it. */
     free(opaque(malloc(8u << 20)));

@@ -258,3 +258,10 @@ def test_secure_no_immediate_reuse_large():
 
 def test_fast_immediate_reuse_large_control():
     assert output(FAST, "reuse-large") == "20"
+
+
+def test_secure_huge_realloc_keeps_guard():
+    """A huge block grown and then shrunk inside its mapping faults 100 bytes past its end. (No fast-variant
+    control: the fast variant resizes huge mappings with mremap to the block's end, so it faults there too.)"""
+    r = run(SECURE, "huge-realloc-guard")
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
