@@ -260,7 +260,6 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
       best = NULL;
     }
   }
-#ifndef MALLARD_SECURE
   if (!best && huge_cache) {
     /* Nothing is large enough: grow the largest cached mapping with mremap. Its resident pages move along
      * (no page faults for them); only the added part is new. */
@@ -270,7 +269,15 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     cache_unlink(big);
     size_t old_size = big->map_size;
     mld_owner_set(big, false);
+#ifdef MALLARD_SECURE
+    /* mremap moves one mapping of one protection: the cached mapping is opened first (mld_huge_alloc places the
+     * guard after the block again), and closed again if mremap fails. */
+    mprotect((uint8_t *)big + MLD_HUGE_HEADER, old_size - MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
+#endif
     segment_t *grown = huge_remap(big, old_size, need);
+#ifdef MALLARD_SECURE
+    if (!grown) mprotect((uint8_t *)big + MLD_HUGE_HEADER, old_size - MLD_HUGE_HEADER, PROT_NONE);
+#endif
     if (grown) {
       *dirty = old_size;   /* the part added by mremap is fresh (zero) memory */
       grown->map_size = need;
@@ -279,7 +286,6 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     mld_owner_set(grown ? grown : big, true);
     if (!grown) cache_push(big);
   }
-#endif
   if (!best) cache_make_room(need);
   pthread_mutex_unlock(&huge_lock);
   if (best && !*dirty) *dirty = best->map_size;
