@@ -59,6 +59,26 @@ void mld_arenas_fork_prepare(void) { pthread_mutex_lock(&arenas_create_lock); }
 void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
 void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL); }
 
+/* ---- guard slabs (secure variant): the last OS page of some small pages is PROT_NONE while they are in use ----
+ * Chosen by position, one page in MLD_GUARD_SLAB_INTERVAL slots (those whose span ends on a multiple of it), so
+ * a linear overflow crosses at most that many slots of small pages before it faults. Set when the span is handed
+ * out as a small page, undone before it returns to the free spans (the page cache keeps it guarded). */
+#ifdef MALLARD_SECURE
+static bool span_wants_guard(const page_t *pg) {
+  return MLD_GUARD_SLAB_INTERVAL && (slot_index(pg) + pg->slot_count) % MLD_GUARD_SLAB_INTERVAL == 0;
+}
+static void span_set_guard(page_t *pg) {
+  uint8_t *end = page_start(pg) + ((size_t)pg->slot_count << MLD_SLOT_SHIFT);
+  if (mprotect(end - MLD_OS_PAGE, MLD_OS_PAGE, PROT_NONE) == 0) pg->guarded = 1;   /* else: an unguarded page */
+}
+static void span_unguard(page_t *pg) {
+  if (!pg->guarded) return;
+  uint8_t *end = page_start(pg) + ((size_t)pg->slot_count << MLD_SLOT_SHIFT);
+  mprotect(end - MLD_OS_PAGE, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+  pg->guarded = 0;
+}
+#endif
+
 /* ---- span bookkeeping (arena lock held) ---- */
 
 static void span_mark_free(page_t *pg, size_t n) {
@@ -173,8 +193,15 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   pg->purged = 0;
   pg->zero = 0;
   mld_span_set_used(pg, slots, kind);
+  pg->guarded = 0;
+#ifdef MALLARD_SECURE
+  bool guard = kind == PAGE_SMALL && span_wants_guard(pg);
+#endif
   mld_arena_maybe_purge(a, mld_now_ms());
   arena_unlock(a);
+#ifdef MALLARD_SECURE
+  if (guard) span_set_guard(pg);   /* the span is ours alone now: no syscall under the lock */
+#endif
   return pg;
 }
 
@@ -216,6 +243,9 @@ static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
 }
 
 void mld_arena_free_span(arena_t *a, page_t *pg) {
+#ifdef MALLARD_SECURE
+  span_unguard(pg);
+#endif
   arena_lock(a);
   uint64_t now = mld_now_ms();
   pg->user = NULL;
@@ -284,6 +314,9 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
         if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
+#ifdef MALLARD_SECURE
+        span_unguard(pg);
+#endif
         free_span_locked(a, pg, now);
       }
       pg = next;

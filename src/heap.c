@@ -460,7 +460,7 @@ void mld_free_remote(page_t *pg, void *p) {
   heap_t *h = mld_tls_heap;
   block_t *b = p;
 #ifdef MALLARD_SECURE
-  secure_check_free(pg, b);   /* the owner clears the bitmap bit when it collects the block */
+  secure_release(pg, b);   /* its bit is cleared now: a second free, by any thread, is caught even while it waits */
 #endif
   /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
    * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */
@@ -471,13 +471,11 @@ void mld_free_remote(page_t *pg, void *p) {
   /* Counted first: once the block is published, the page may be collected, released and reused by others. */
   MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
   MLD_STAT_ADD(h, remote_frees, 1);
-#ifndef MALLARD_SECURE
   if (likely(h != &mld_heap_empty)) {
     mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */
     return;
   }
-#endif
-  mld_remote_push(pg, b, b, 1);   /* a thread past its destructor (or the secure variant): at once */
+  mld_remote_push(pg, b, b, 1);   /* a thread past its destructor: at once */
 }
 
 /* ---- sweeps: memory that waits on no thread's next allocation ----

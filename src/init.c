@@ -42,6 +42,9 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
+#ifdef MALLARD_SECURE
+  mld_secure_fork_child();   /* first: the child's new pages, order and addresses owe nothing to the parent */
+#endif
   mld_meta_fork_child();
   mld_arenas_fork_child();
   mld_huge_fork_child();
@@ -82,6 +85,10 @@ void mld_init_slow(void) {
       atexit(mld_stats_print_at_exit);
     }
     if (mld_opt.verbose) mld_options_announce();
+#ifdef MALLARD_SECURE
+    if (mld_opt.verbose && mld_secure_weak_seed())
+      mld_message("mallard-secure: getrandom failed; keys seeded from AT_RANDOM, the clock and addresses (weaker)\n");
+#endif
   }
   pthread_mutex_unlock(&init_lock);
 }

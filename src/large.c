@@ -21,6 +21,42 @@ static _Atomic(size_t) huge_max_map;   /* the largest huge mapping ever made: bo
 /* Only for sizes already bounded (headers, alignments, MLD_MAX_REQUEST): cannot overflow. */
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
+/* ---- the secure variant's freed large and huge blocks: wiped and made inaccessible ---- */
+#ifdef MALLARD_SECURE
+/* Freed bytes [p, p + n) (OS-page aligned): wiped under zero_on_free (purged: the kernel drops them and they read
+ * back as zero; `wipe`, the bytes accessible now, is cleared when madvise fails), and PROT_NONE from
+ * MLD_SECURE_NOACCESS_MIN on. Without zero_on_free they stay resident (reused without page faults), unreadable. */
+static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
+  if ((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) && !mld_os_purge(p, n)) memset(wipe, 0, wipe_len);
+  if (block_size >= MLD_SECURE_NOACCESS_MIN) mprotect(p, n, PROT_NONE);
+}
+
+/* Freed large blocks wait here, inaccessible, before their spans go back to the arena: the next large malloc
+ * does not get the block just freed, and a use after free faults meanwhile. A full quarantine sends a random
+ * entry back (randomised delayed reuse). */
+static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
+static page_t *quarantine[MLD_LARGE_QUARANTINE ? MLD_LARGE_QUARANTINE : 1];
+
+static void large_release(page_t *pg) {
+  uint8_t *start = page_start(pg);
+  mprotect(start, (size_t)pg->slot_count << MLD_SLOT_SHIFT, PROT_READ | PROT_WRITE);   /* guard page included */
+  mld_arena_free_span(segment_of(pg)->arena, pg);
+}
+
+static void large_quarantine(page_t *pg) {
+  uint8_t *start = page_start(pg);
+  size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+  noaccess(start, bytes, pg->large_size, start, bytes - MLD_SLOT_SIZE);   /* the last slot holds the guard */
+  if (!MLD_LARGE_QUARANTINE) { large_release(pg); return; }
+  size_t i = (size_t)(mld_random64() % (MLD_LARGE_QUARANTINE ? MLD_LARGE_QUARANTINE : 1));
+  pthread_mutex_lock(&quarantine_lock);
+  page_t *out = quarantine[i];
+  quarantine[i] = pg;
+  pthread_mutex_unlock(&quarantine_lock);
+  if (out) large_release(out);
+}
+#endif
+
 /* ---- large: spans of 64 KiB slots ---- */
 void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   if (unlikely(size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }
@@ -30,6 +66,12 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   if (size > MLD_LARGE_MAX || !mld_add(size, extra, &span) || span > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
     return mld_huge_alloc(h, size, align, zero);
   size_t slots = (span + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
+#ifdef MALLARD_SECURE
+  /* One slot more, whose first OS page is a guard right after the block (the usable size stays what nallocx
+   * promises); a span too long for a segment becomes a huge block of that usable size. */
+  if (slots + 1 > MLD_USABLE_SLOTS) return mld_huge_alloc(h, (slots << MLD_SLOT_SHIFT) - extra, align, zero);
+  slots++;
+#endif
   bool was_zero;
   arena_t *a = mld_heap_arena(h);
   page_t *pg = a ? mld_arena_alloc_span(a, slots, &was_zero) : NULL;
@@ -38,6 +80,10 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   uint8_t *p = (uint8_t *)round_up((uintptr_t)start, align < MLD_MIN_ALIGN ? MLD_MIN_ALIGN : align);
   pg->user = p;
   /* p - start <= extra: what is promised does not depend on where the aligned pointer landed (= nallocx). */
+#ifdef MALLARD_SECURE
+  mprotect(start + ((slots - 1) << MLD_SLOT_SHIFT), MLD_OS_PAGE, PROT_NONE);
+  slots--;
+#endif
   pg->large_size = (slots << MLD_SLOT_SHIFT) - extra;
   if (zero && !was_zero) memset(p, 0, pg->large_size);   /* all of the usable size, as calloc promises */
   MLD_STAT_ADD(h, large_nmalloc, 1);
@@ -48,11 +94,22 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
 
 void mld_large_free(heap_t *h, page_t *pg, void *p) {
   (void)p;
+#ifdef MALLARD_SECURE
+  void *expect = p;   /* of two frees of one block, only one takes it (the other is reported) */
+  if (!__atomic_compare_exchange_n(&pg->user, &expect, NULL, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+    mld_report_invalid("free", p);
+    return;
+  }
+#endif
   MLD_STAT_ADD(h, large_nfree, 1);
   MLD_STAT_ADD(h, large_bytes_free, pg->large_size);
   arena_t *a = segment_of(pg)->arena;
   __atomic_fetch_sub(&a->large_active, pg->large_size, __ATOMIC_RELAXED);
+#ifdef MALLARD_SECURE
+  large_quarantine(pg);
+#else
   mld_arena_free_span(a, pg);
+#endif
 }
 
 /* Resize a large block without moving it: shrink gives the tail back, growth absorbs the next free span. */
@@ -62,9 +119,28 @@ bool mld_large_resize_in_place(page_t *pg, size_t size) {
   size_t slots = (head + size + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
   arena_t *a = segment_of(pg)->arena;
   size_t old = pg->large_size;
+#ifdef MALLARD_SECURE
+  /* The guard slot moves with the block's end: the new guard page is protected before the old one is opened, and
+   * a tail given back is opened (and wiped under zero_on_free) first: the arena only holds accessible memory. */
+  slots++;
+  uint8_t *old_guard = start + (((size_t)pg->slot_count - 1) << MLD_SLOT_SHIFT);
+  uint8_t *new_guard = start + ((slots - 1) << MLD_SLOT_SHIFT);
+  if (slots < pg->slot_count) {
+    mprotect(new_guard, MLD_OS_PAGE, PROT_NONE);
+    mprotect(old_guard, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+    if (MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) mld_os_purge(start + (slots << MLD_SLOT_SHIFT), (pg->slot_count - slots) << MLD_SLOT_SHIFT);
+    mld_arena_shrink_large(a, pg, slots);
+  } else if (slots > pg->slot_count) {
+    if (!mld_arena_grow_large(a, pg, slots)) return false;
+    mprotect(new_guard, MLD_OS_PAGE, PROT_NONE);
+    mprotect(old_guard, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+  }
+  pg->large_size = (((size_t)pg->slot_count - 1) << MLD_SLOT_SHIFT) - head;
+#else
   if (slots < pg->slot_count) mld_arena_shrink_large(a, pg, slots);
   else if (slots > pg->slot_count && !mld_arena_grow_large(a, pg, slots)) return false;
   pg->large_size = (pg->slot_count << MLD_SLOT_SHIFT) - head;
+#endif
   if (pg->large_size > old) __atomic_fetch_add(&a->large_active, pg->large_size - old, __ATOMIC_RELAXED);
   else __atomic_fetch_sub(&a->large_active, old - pg->large_size, __ATOMIC_RELAXED);
   return true;
@@ -165,8 +241,10 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     size_t cut = round_up(need, MLD_SEGMENT_SIZE);
     if (best->map_size >= cut + MLD_SEGMENT_SIZE) {
 #ifdef MALLARD_SECURE
-      /* The tail keeps the mapping's guard page; the head gets one of its own at its new end. */
+      /* The tail keeps the mapping's guard page; the head gets one of its own at its new end. The tail's header
+       * lies in the inaccessible part of a cached mapping: made writable first. */
       mprotect((uint8_t *)best + cut - MLD_OS_PAGE, MLD_OS_PAGE, PROT_NONE);
+      mprotect((uint8_t *)best + cut, MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
 #endif
       segment_t *tail = (segment_t *)((uint8_t *)best + cut);
       memset(tail, 0, sizeof *tail);
@@ -182,7 +260,6 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
       best = NULL;
     }
   }
-#ifndef MALLARD_SECURE
   if (!best && huge_cache) {
     /* Nothing is large enough: grow the largest cached mapping with mremap. Its resident pages move along
      * (no page faults for them); only the added part is new. */
@@ -192,7 +269,15 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     cache_unlink(big);
     size_t old_size = big->map_size;
     mld_owner_set(big, false);
+#ifdef MALLARD_SECURE
+    /* mremap moves one mapping of one protection: the cached mapping is opened first (mld_huge_alloc places the
+     * guard after the block again), and closed again if mremap fails. */
+    mprotect((uint8_t *)big + MLD_HUGE_HEADER, old_size - MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
+#endif
     segment_t *grown = huge_remap(big, old_size, need);
+#ifdef MALLARD_SECURE
+    if (!grown) mprotect((uint8_t *)big + MLD_HUGE_HEADER, old_size - MLD_HUGE_HEADER, PROT_NONE);
+#endif
     if (grown) {
       *dirty = old_size;   /* the part added by mremap is fresh (zero) memory */
       grown->map_size = need;
@@ -201,7 +286,6 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     mld_owner_set(grown ? grown : big, true);
     if (!grown) cache_push(big);
   }
-#endif
   if (!best) cache_make_room(need);
   pthread_mutex_unlock(&huge_lock);
   if (best && !*dirty) *dirty = best->map_size;
@@ -252,6 +336,14 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     mld_os_name(seg, need, "mallard-huge");
     huge_max_note(need);
   }
+#ifdef MALLARD_SECURE
+  if (!fresh) {
+    /* A cached mapping is inaccessible past its header (mld_huge_free): the block's pages become accessible, and
+     * everything after them stays PROT_NONE, so the guard is right after the block whatever the mapping's size. */
+    mprotect((uint8_t *)seg + MLD_HUGE_HEADER, off + usable - MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
+    mprotect((uint8_t *)seg + off + usable, seg->map_size - off - usable, PROT_NONE);
+  }
+#endif
   seg->user_size = usable;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
   if (zero && !fresh && dirty > off)   /* all of the usable size that may hold old data */
     memset((uint8_t *)seg + off, 0, dirty - off < seg->user_size ? dirty - off : seg->user_size);
@@ -301,6 +393,10 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
   bool owned = mld_owned(seg) && segment_of(p) == seg;
   if (owned && mld_opt.dirty_decay_ms != 0 && seg->map_size <= mld_opt.huge_cache_max &&
       atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
+#ifdef MALLARD_SECURE
+    /* Cached: wiped and inaccessible past its header until it is handed out again (mld_huge_alloc). */
+    noaccess((uint8_t *)seg + MLD_HUGE_HEADER, seg->map_size - MLD_HUGE_HEADER, seg->user_size, p, seg->user_size);
+#endif
     pthread_mutex_lock(&huge_lock);
     seg->dirty_since = mld_now_ms();
     cache_insert_coalesced(seg);
@@ -445,15 +541,40 @@ bool mld_huge_resize_within(segment_t *seg, size_t size) {
   size_t cap = seg->map_size - off - guard;
   if (size > cap) return false;
   size_t user_size = round_up(off + size, MLD_OS_PAGE) - off;
+  if (user_size > cap) user_size = cap;
+#ifdef MALLARD_SECURE
+  /* The pages after the block are PROT_NONE (mld_huge_alloc): the boundary moves with the block's end, so the
+   * guard stays adjacent; pages given up are purged first. */
+  uint8_t *old_end = (uint8_t *)seg + off + seg->user_size, *new_end = (uint8_t *)seg + off + user_size;
+  if (new_end > old_end) {
+    if (mprotect(old_end, (size_t)(new_end - old_end), PROT_READ | PROT_WRITE) != 0) return false;
+  } else if (new_end < old_end) {
+    mld_os_purge(new_end, (size_t)(old_end - new_end));
+    mprotect(new_end, (size_t)(old_end - new_end), PROT_NONE);
+  }
+#endif
   pthread_mutex_lock(&huge_lock);
-  seg->user_size = user_size < cap ? user_size : cap;
+  seg->user_size = user_size;
   pthread_mutex_unlock(&huge_lock);
   return true;
 }
 
-void mld_huge_fork_prepare(void) { pthread_mutex_lock(&huge_lock); }
-void mld_huge_fork_parent(void) { pthread_mutex_unlock(&huge_lock); }
+void mld_huge_fork_prepare(void) {
+#ifdef MALLARD_SECURE
+  pthread_mutex_lock(&quarantine_lock);
+#endif
+  pthread_mutex_lock(&huge_lock);
+}
+void mld_huge_fork_parent(void) {
+  pthread_mutex_unlock(&huge_lock);
+#ifdef MALLARD_SECURE
+  pthread_mutex_unlock(&quarantine_lock);
+#endif
+}
 void mld_huge_fork_child(void) {
   pthread_mutex_init(&huge_lock, NULL);
+#ifdef MALLARD_SECURE
+  pthread_mutex_init(&quarantine_lock, NULL);
+#endif
   mld_owns_fork_child();
 }

@@ -29,7 +29,7 @@ void *mld_os_map_aligned(size_t size, size_t align) {
   }
   /* First try right below the previous aligned mapping: usually free, and saves the trim. */
   uintptr_t hint = atomic_load_explicit(&next_hint, memory_order_relaxed);
-#ifdef MALLARD_SECURE
+#if defined(MALLARD_SECURE) && !defined(__SANITIZE_THREAD__)   /* ThreadSanitizer owns most of the address space */
   if (align == MLD_SEGMENT_SIZE) hint = mld_random_hint() + size + align;   /* unpredictable segment addresses */
 #endif
   if (hint > size + align) {

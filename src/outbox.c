@@ -16,15 +16,12 @@ void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
    * under its lock) may stay unvisited for long: a sweep is asked for, which returns it once it is empty. */
   bool sweep = owner != NULL && (__atomic_load_n(&pg->in_full, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
 #ifdef MALLARD_SECURE
-  (void)n;   /* the secure variant sends blocks one by one, and its owner checks each one as it collects */
+  (void)n;   /* the secure variant's owner walks and checks every block as it collects: no count to trust */
 #else
   ((uintptr_t *)head)[1] = (uintptr_t)tail | ((uintptr_t)n << MLD_BATCH_COUNT_SHIFT);
 #endif
   block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
   do {
-#ifdef MALLARD_SECURE
-    if (unlikely(old == head)) mld_secure_fail("double free (by another thread) of", head);
-#endif
     blk_set_next(pg, tail, old);
   } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, head, memory_order_release,
                                                   memory_order_relaxed));
@@ -70,7 +67,7 @@ void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
   outbox_t *e = &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
   uint32_t bs = pg->block_size;
   if (e->page == pg) {
-    b->next = e->head;
+    blk_set_next(pg, b, e->head);   /* encrypted in the secure variant, as on the page's lists */
     e->head = b;
     e->count++;
     e->bytes += bs;

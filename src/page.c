@@ -8,7 +8,7 @@ page_t mld_page_empty = { .kind = PAGE_META };
 #define EXTEND_BYTES (16 * 1024)   /* carve at most this much of a fresh page at a time: RSS grows with use */
 
 void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
-  size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+  size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? MLD_OS_PAGE : 0);
   pg->free = NULL;
   atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
   pg->used = 0;
@@ -20,6 +20,9 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->keep_check = pg->slot_count > 1;
   pg->keep_on_empty = 0;
   pg->next = pg->prev = NULL;
+#ifdef MALLARD_SECURE
+  mld_secure_page_keys(pg);   /* used == 0: no block holds a link or a canary made with the old keys */
+#endif
   atomic_store_explicit(&pg->heap, h, memory_order_release);
 }
 
@@ -56,9 +59,12 @@ size_t mld_page_collect_remote(page_t *pg) {
   size_t n = 1;
   block_t *tail = list;
 #ifdef MALLARD_SECURE
-  for (;;) {   /* each collected block must still be live: a block pushed twice is a double free */
-    if (!bm_test(tail)) mld_secure_fail("double free (by another thread) of", tail);
-    bm_flip(tail);
+  /* Block by block, trusting no count a block holds: each must be a carved block start of the page (blk_next),
+   * not live (its free cleared its bit: a live one here was handed out meanwhile, through a corrupted list), and
+   * there are at most `used` of them (a longer list has a cycle). */
+  for (;;) {
+    if (unlikely(bm_test(tail))) mld_secure_fail("a block freed by another thread is live again (use after free?):", tail);
+    if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
     block_t *next = blk_next(pg, tail);
     if (!next) break;
     tail = next;

@@ -1,4 +1,4 @@
-/* secure.h — hardening hooks of the secure variant (MALLARD_SECURE): encoded free lists, allocation bitmap, canaries. */
+/* secure.h — hardening hooks of the secure variant (MALLARD_SECURE): encrypted free lists, allocation bitmap, canaries, delayed reuse. */
 #ifndef MALLARD_SECURE_H
 #define MALLARD_SECURE_H
 #include "internal.h"
@@ -11,6 +11,24 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
+/* Tunables of the secure variant: named constants until they become options (docs/SECURITY.md gives their cost;
+ * a build may set them with -D to measure one feature at a time). */
+#ifndef MLD_GUARD_SLAB_INTERVAL
+#define MLD_GUARD_SLAB_INTERVAL 4            /* a small page whose span ends on a multiple of this many slots ends
+                                              * in a guard page (hardened_malloc's guard slabs); 0: none */
+#endif
+#ifndef MLD_SECURE_NOACCESS_MIN
+#define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large and huge blocks from this size: purged and PROT_NONE */
+#endif
+#ifndef MLD_LARGE_QUARANTINE
+#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back; 0: none */
+#endif
+#ifndef MLD_ZERO_ON_FREE_ALWAYS
+#define MLD_ZERO_ON_FREE_ALWAYS 0            /* 1: wipe on every free whatever zero_on_free says (cost measurement) */
+#endif
+#ifndef MLD_DELAYED_REUSE
+#define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
+#endif
 #define MLD_CANARY 8                                          /* bytes reserved at the end of a small block */
 #define MLD_CANARY_MAX 4096                                   /* classes up to this size carry a canary, larger ones not */
 /* The size whose class serves a request: room for the canary below MLD_CANARY_MAX, none above (a request that
@@ -22,27 +40,61 @@ static inline size_t mld_class_request(size_t size) {
 static inline size_t mld_block_usable(size_t block_size) {
   return block_size <= MLD_CANARY_MAX ? block_size - MLD_CANARY : block_size;
 }
-extern uintptr_t mld_secret MLD_HIDDEN;
 MLD_HIDDEN void mld_secure_init(void);
-MLD_HIDDEN void mld_secure_fail(const char *what, const void *p) __attribute__((noreturn, cold));
+MLD_HIDDEN void mld_secure_fork_child(void);
+MLD_HIDDEN bool mld_secure_weak_seed(void);
+MLD_HIDDEN uint64_t mld_random64(void);
+MLD_HIDDEN void mld_secure_report(const char *what, const void *p) __attribute__((noreturn, cold));
+#if defined(__x86_64__)
+/* The report is reached by a jump (secure.c: an entry that aligns the stack and calls mld_secure_report): a call
+ * on the fast paths makes every malloc and free align the stack for it, although it never returns. */
+#define mld_secure_fail(what, p)                                                                   \
+  do {                                                                                             \
+    __asm__ volatile("jmp mld_secure_fail_entry" : : "D"(what), "S"((const void *)(p)));           \
+    __builtin_unreachable();                                                                       \
+  } while (0)
+#else
+#define mld_secure_fail(what, p) mld_secure_report(what, p)
+#endif
 MLD_HIDDEN void mld_shuffle(block_t **blocks, size_t n);
+MLD_HIDDEN void mld_secure_page_keys(page_t *pg);
 
-/* Free-list links are stored xor-ed with a per-page key; a decoded link must point into its page. */
-static inline uintptr_t list_key(const page_t *pg) { return mld_secret ^ ((uintptr_t)pg * 0x9E3779B97F4A7C15ull); }
+/* ---- free-list links ----
+ * A link is stored encrypted with its page's key: E(n) = P(n ^ k) ^ k, P a public bijection (xor-shift, multiply).
+ * Changing stored bits without the key decodes to an unpredictable address, which the checks below reject; copying
+ * a link moves its target without exposing it. The end of a list is stored as 0, not E(NULL): no stored byte is a
+ * function of the key alone. (E(n) == 0 for a real n would only cut the list short: a leak, never a reuse.) */
+#define MLD_MIX 0x9E3779B97F4A7C15ull                         /* odd: invertible modulo 2^64 */
+#define MLD_MIX_INV 0xF1DE83E19937733Dull                     /* MLD_MIX * MLD_MIX_INV == 1 (mod 2^64) */
+static inline uintptr_t link_encode(uint64_t k, const block_t *n) {
+  if (!n) return 0;
+  uint64_t x = (uintptr_t)n ^ k;
+  x ^= x >> 32;
+  return (uintptr_t)((x * MLD_MIX) ^ k);
+}
+static inline uintptr_t link_decode(uint64_t k, uintptr_t e) {
+  uint64_t x = (e ^ k) * MLD_MIX_INV;
+  return (uintptr_t)(x ^ (x >> 32) ^ k);   /* x ^ x >> 32 is its own inverse */
+}
+/* The next block after b on a list of pg: a carved block start of the page (bounds and block alignment), or NULL.
+ * Whether it is really free is checked when it is handed out (the allocation bitmap). */
 static inline block_t *blk_next(const page_t *pg, const block_t *b) {
-  uintptr_t v = (uintptr_t)b->next ^ list_key(pg);
-  /* Same 64 KiB slot as b: inside the page. Otherwise check the page's bounds (multi-slot pages). */
-  if (unlikely(((v ^ (uintptr_t)b) >> MLD_SLOT_SHIFT) != 0) && v &&
-      v - (uintptr_t)page_start(pg) >= ((size_t)pg->slot_count << MLD_SLOT_SHIFT))
-    mld_secure_fail("free list corrupted (use after free?) in the page of", b);
+  uintptr_t e = (uintptr_t)b->next;
+  if (!e) return NULL;
+  uintptr_t v = link_decode(pg->list_key, e);
+  uint64_t off = v - pg->start;
+  if (unlikely(off >= (uint64_t)pg->capacity * pg->block_size || off * pg->align_magic >= pg->align_magic))
+    mld_secure_fail("free list corrupted (use after free?): bad link in the block at", b);
   return (block_t *)v;
 }
 static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
-  b->next = (block_t *)((uintptr_t)n ^ list_key(pg));
+  b->next = (block_t *)link_encode(pg->list_key, n);
 }
 
-/* Allocation bitmap: a bit per 16-byte granule, set at the start of every live small block. Only the page's
- * owner writes a word (a word covers 1 KiB, pages are 64 KiB or more); other threads only read. */
+/* ---- allocation bitmap: a bit per 16-byte granule, set at the start of every live small block ----
+ * The owner sets a bit when it hands a block out; whichever thread frees the block clears it (owner and remote
+ * frees alike, so any order of two frees finds the bit clear the second time). Bits of one word belong to blocks
+ * of one page but may be cleared by several threads at once: every write is an atomic read-modify-write. */
 static inline _Atomic(uint64_t) *bm_word(const void *p, uint64_t *bit) {
   segment_t *seg = segment_of(p);
   size_t g = ((uintptr_t)p - (uintptr_t)seg) >> 4;
@@ -54,45 +106,89 @@ static inline bool bm_test(const void *p) {
   _Atomic(uint64_t) *w = bm_word(p, &bit);
   return atomic_load_explicit(w, memory_order_relaxed) & bit;
 }
-static inline void bm_flip(const void *p) {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+/* x86-64: `lock bts/btr` address the bitmap as one bit string (the granule index is the bit offset), which spares
+ * the word and mask arithmetic on the fast paths. Same semantics as the portable versions below, which
+ * ThreadSanitizer builds use (it does not see inside asm). */
+#define MLD_BM_ASM(insn, p, was)                                                                          \
+  do {                                                                                                   \
+    uintptr_t seg_ = (uintptr_t)(p) & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1);                                  \
+    uint64_t g_ = ((uintptr_t)(p) & (MLD_SEGMENT_SIZE - 1)) >> 4;                                          \
+    /* The whole bitmap is the memory operand: the compiler orders the asm with the surrounding accesses (a remote \
+     * free's clear must precede the publication of the block) as it would an atomic read-modify-write. */        \
+    __asm__ volatile("lock " insn " %2, %1"                                                              \
+                     : "=@ccc"(was), "+m"(*(uint64_t(*)[MLD_BITMAP_BYTES / 8])(seg_ + MLD_BITMAP_OFFSET))  \
+                     : "r"(g_));                                                                         \
+  } while (0)
+/* Set p's bit; false if it was set already (the block is live). */
+static inline bool bm_claim(const void *p) {
+  bool was;
+  MLD_BM_ASM("btsq", p, was);
+  return !was;
+}
+/* Clear p's bit; false if it was clear already (not live: a double or invalid free). */
+static inline bool bm_release(const void *p) {
+  bool was;
+  MLD_BM_ASM("btrq", p, was);
+  return was;
+}
+#else
+/* Set p's bit; false if it was set already (the block is live). */
+static inline bool bm_claim(const void *p) {
   uint64_t bit;
   _Atomic(uint64_t) *w = bm_word(p, &bit);
-  atomic_store_explicit(w, atomic_load_explicit(w, memory_order_relaxed) ^ bit, memory_order_relaxed);
+  return !(atomic_fetch_or_explicit(w, bit, memory_order_relaxed) & bit);
 }
+/* Clear p's bit; false if it was clear already (not live: a double or invalid free). */
+static inline bool bm_release(const void *p) {
+  uint64_t bit;
+  _Atomic(uint64_t) *w = bm_word(p, &bit);
+  return atomic_fetch_and_explicit(w, ~bit, memory_order_relaxed) & bit;
+}
+#endif
 
-/* The canary sits in the last 8 bytes of a small block, beyond its usable size. */
+/* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
+ * A keyed hash of the block's address with its page's key (a 128-bit multiply by the key, folded): the key is
+ * not stored in any byte a program can read, and a canary read from one page says nothing about another page. */
 static inline uint64_t *canary_at(const page_t *pg, const void *b) {
   return (uint64_t *)((uint8_t *)b + pg->block_size - MLD_CANARY);
 }
-static inline uint64_t canary_value(const void *b) { return (uint64_t)(mld_secret ^ ((uintptr_t)b >> 4)); }
-
-/* A small block is handed out: mark it live and arm its canary. */
-static inline void secure_on_alloc(const page_t *pg, block_t *b) {
-  bm_flip(b);
-  if (pg->block_size <= MLD_CANARY_MAX) *canary_at(pg, b) = canary_value(b);
+static inline uint64_t canary_value(const page_t *pg, const void *b) {
+  __uint128_t m = (__uint128_t)((uintptr_t)b ^ pg->list_key) * (pg->list_key | 1);
+  return (uint64_t)m ^ (uint64_t)(m >> 64);
 }
 static inline bool canary_damaged(const page_t *pg, const void *b) {
-  return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(b);
-}
-/* A small block comes back (any thread): it must be live, its canary intact. Returns its bitmap word (the bit
- * in *bit and the word's value in *word), so that the owner can clear the bit without a second lookup. */
-static inline _Atomic(uint64_t) *secure_check_free_word(const page_t *pg, const void *b, uint64_t *bit, uint64_t *word) {
-  _Atomic(uint64_t) *w = bm_word(b, bit);
-  *word = atomic_load_explicit(w, memory_order_relaxed);
-  if (unlikely(((uintptr_t)b & 15) || !(*word & *bit))) mld_secure_fail("double free or invalid free of", b);
-  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
-  return w;
-}
-static inline void secure_check_free(const page_t *pg, const void *b) {
-  uint64_t bit, word;
-  secure_check_free_word(pg, b, &bit, &word);
+  return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(pg, b);
 }
 
-/* The owner frees a small block: the checks above, then its bit is cleared. */
-static inline void secure_owner_free(const page_t *pg, const void *b) {
-  uint64_t bit, word;
-  _Atomic(uint64_t) *w = secure_check_free_word(pg, b, &bit, &word);
-  atomic_store_explicit(w, word & ~bit, memory_order_relaxed);
+/* zero_on_free's wipe. On x86-64 `rep stosb` inline: a call to memset would make the free fast path save and
+ * restore registers on every free, wiping or not. */
+static inline void secure_wipe(void *p, size_t n) {
+#if defined(__x86_64__)
+  __asm__ volatile("rep stosb" : "+D"(p), "+c"(n) : "a"(0) : "memory");
+#else
+  __builtin_memset(p, 0, n);
+#endif
+}
+
+/* A small block is handed out (its link already decoded): it must be free, it becomes live, its link word is
+ * cleared (it held the next free block's encrypted address) and its canary armed. */
+static inline void secure_on_alloc(const page_t *pg, block_t *b) {
+  if (unlikely(!bm_claim(b))) mld_secure_fail("free list corrupted: the next block to hand out is live:", b);
+  b->next = NULL;
+  if (pg->block_size <= MLD_CANARY_MAX) *canary_at(pg, b) = canary_value(pg, b);
+}
+/* A small block is about to be freed, resized or copied (any thread): it must be live, its canary intact. */
+static inline void secure_check_free(const page_t *pg, const void *b) {
+  if (unlikely(((uintptr_t)b & 15) || !bm_test(b))) mld_secure_fail("double free or invalid free of", b);
+  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+}
+/* A small block is freed (by its owner or by another thread): the checks above, and its bit cleared at once,
+ * atomically (of two frees of one block, however they interleave, exactly one finds it live). */
+static inline void secure_release(const page_t *pg, const void *b) {
+  if (unlikely(((uintptr_t)b & 15) || !bm_release(b))) mld_secure_fail("double free or invalid free of", b);
+  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+  if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
 }
 #else
 #define MLD_SECURE_BUILD false
@@ -104,15 +200,26 @@ static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) { (voi
 #endif
 
 /* The owner frees a block of its own page: the secure variant's checks, then a LIFO push on `free` (the block just
- * freed is the next one handed out, cache-warm) and the count. Shared by the fast path (api.c) and the locked path
- * into parked pages (heap.c). The caller decrements `used` and decides about retiring. */
+ * freed is the next one handed out, cache-warm; the secure variant puts it second) and the count. Shared by the
+ * fast path (api.c) and the locked path into parked pages (heap.c). The caller decrements `used` and decides about retiring. */
 static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
 #ifdef MALLARD_SECURE
-  secure_owner_free(pg, b);
-  if (unlikely(mld_opt.zero_on_free)) __builtin_memset(b, 0, pg->block_size);
-#endif
+  /* Delayed reuse: the block goes in second place, so the next malloc of the class does not return the block
+   * just freed (unless it is the page's only free block). Links are not bound to their place: head's stored
+   * link moves to b as it is. */
+  secure_release(pg, b);
+  block_t *head = pg->free;
+  if (MLD_DELAYED_REUSE && likely(head != NULL)) {
+    b->next = head->next;
+    blk_set_next(pg, head, b);
+  } else {
+    blk_set_next(pg, b, head);
+    pg->free = b;
+  }
+#else
   blk_set_next(pg, b, pg->free);
   pg->free = b;
+#endif
 #ifdef MALLARD_STATS
   h->stats.cls[pg->size_class].nfree++;
 #else

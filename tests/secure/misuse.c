@@ -8,10 +8,46 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void *shared;
 static void *remote_free(void *arg) { (void)arg; free(shared); return NULL; }
 static void *volatile sink;
+static void *opaque(void *p);
+
+/* A thread that frees `shared` and then waits, so that the block may still sit in its outbox while the main
+ * thread frees it again; it exits (sending its outbox) only when told. */
+static pthread_barrier_t freed, done;
+static void *remote_free_and_wait(void *arg) {
+  (void)arg;
+  free(shared);
+  pthread_barrier_wait(&freed);
+  pthread_barrier_wait(&done);
+  return NULL;
+}
+static void *racing_free(void *arg) {
+  (void)arg;
+  pthread_barrier_wait(&freed);
+  free(shared);
+  return NULL;
+}
+static void run_thread(void *(*fn)(void *)) {
+  pthread_t t;
+  pthread_create(&t, NULL, fn, NULL);
+  pthread_join(t, NULL);
+}
+
+/* Prints "twice" and exits 0 when one of n fresh allocations of `size` bytes is handed out twice (a misuse the
+ * allocator let through), else returns. */
+static void report_duplicates(size_t size, int n) {
+  void *got[64];
+  for (int i = 0; i < n && i < 64; i++) {
+    got[i] = opaque(malloc(size));   /* opaque: a compiler may fold comparisons of two mallocs to false */
+    for (int j = 0; j < i; j++)
+      if (got[j] == got[i]) { printf("twice %p\n", got[i]); printf("not detected\n"); exit(0); }
+  }
+}
 
 /* Keep the compiler from reasoning about the misuse (it would warn, or drop the code). */
 static void *opaque(void *p) { sink = p; return sink; }
@@ -83,6 +119,48 @@ int main(int argc, char **argv) {
     pthread_join(t, NULL);
     pthread_create(&t, NULL, remote_free, NULL);
     pthread_join(t, NULL);
+  } else if (!strcmp(m, "remote-then-owner")) {
+    /* Another thread frees the block (it reaches the owner), then its owner frees it again. */
+    shared = p;
+    run_thread(remote_free);
+    free(opaque(p));
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "remote-pending-then-owner")) {
+    /* The same while the remote free still waits in the freeing thread's outbox (the thread has not exited). */
+    shared = p;
+    pthread_barrier_init(&freed, NULL, 2);
+    pthread_barrier_init(&done, NULL, 2);
+    pthread_t t;
+    pthread_create(&t, NULL, remote_free_and_wait, NULL);
+    pthread_barrier_wait(&freed);
+    free(opaque(p));
+    pthread_barrier_wait(&done);
+    pthread_join(t, NULL);
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "owner-then-remote")) {
+    free(p);
+    shared = opaque(p);
+    run_thread(remote_free);
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "racing-double-free")) {
+    /* Two other threads free the block at the same moment, 200 times over: exactly one of each pair may win. */
+    for (int round = 0; round < 200; round++) {
+      shared = malloc(40);
+      pthread_barrier_init(&freed, NULL, 2);
+      pthread_t t[2];
+      for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, racing_free, NULL);
+      for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+      pthread_barrier_destroy(&freed);
+    }
+    report_duplicates(40, 64);
+  } else if (!strcmp(m, "self-loop")) {
+    /* The attack of issue 16: with only the program's own freed pointers and no key, one 8-byte write after free
+     * copies b's stored link (which leads to a) into a, so that a's link leads to a itself. */
+    char *a = malloc(40), *b = malloc(40);
+    free(a);
+    free(b);
+    memcpy(opaque(a), opaque(b), 8);
+    report_duplicates(40, 8);
   } else if (!strcmp(m, "metadata-guard")) {
     volatile char *seg = (char *)((uintptr_t)p & ~(uintptr_t)((4u << 20) - 1));
     printf("%d\n", seg[60000]);       /* inside the guard between the segment header and user data */
@@ -108,6 +186,123 @@ int main(int argc, char **argv) {
     printf("\nbig");
     for (int i = 0; i < 8; i++) printf(" %lx", (unsigned long)(uintptr_t)big[i]);
     printf("\n");
+    return 0;
+  } else if (!strcmp(m, "fresh-words")) {
+    /* Prints "clean" when the first word of every fresh block reads 0, else "nonzero N": what a program reading
+     * uninitialised memory learns (in a secure build before issue 16: a list terminator was the key itself). */
+    int nonzero = 0;
+    for (int i = 0; i < 300; i++) {
+      uint64_t *q = malloc(40);
+      if (*(volatile uint64_t *)opaque(q)) nonzero++;
+    }
+    if (nonzero) printf("nonzero %d\n", nonzero);
+    else printf("clean\n");
+    return 0;
+  } else if (!strcmp(m, "canary-key")) {
+    /* Reads the 8 bytes past the usable size of 64 blocks (the secure variant's canaries) and prints "constant" when
+     * canary ^ (address >> 4) is the same for all (a process-wide key readable by the program), else "varied". */
+    uint64_t first = 0;
+    int same = 0;
+    for (int i = 0; i < 64; i++) {
+      char *q = malloc(40);
+      uint64_t c;
+      memcpy(&c, (char *)opaque(q) + malloc_usable_size(q), 8);
+      uint64_t k = c ^ ((uintptr_t)q >> 4);
+      if (i == 0) first = k;
+      else same += k == first;
+    }
+    printf("%s\n", same == 63 ? "constant" : "varied");
+    return 0;
+  } else if (!strcmp(m, "reuse")) {
+    /* Prints how many of 100 malloc-after-free pairs got the block just freed back. */
+    int again = 0;
+    for (int i = 0; i < 100; i++) {
+      void *a = opaque(malloc(40));
+      free(a);
+      void *b = opaque(malloc(40));
+      again += (uintptr_t)a == (uintptr_t)b;
+    }
+    printf("%d\n", again);
+    return 0;
+  } else if (!strcmp(m, "slab-guard")) {
+    /* A linear overflow of 8 KiB past a 4000-byte block of a small page that ends in a guard page (found through
+     * /proc/self/maps among 300 blocks; the fast variant has none: the overflow runs past the last block). */
+    char *q = NULL;
+    for (int i = 0; i < 300 && !q; i++) {
+      char *b = malloc(4000);
+      uintptr_t end = ((uintptr_t)b + malloc_usable_size(b) + 8 + 4095) & ~(uintptr_t)4095;
+      if (page_is_prot_none(end) == 1 || page_is_prot_none(end + 4096) == 1) q = b;
+      if (i == 299 && !q) q = b;
+    }
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 8192);
+  } else if (!strcmp(m, "large-guard")) {
+    char *q = malloc(1u << 20);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);   /* 100 bytes past a 1 MiB block */
+  } else if (!strcmp(m, "large-realloc-guard")) {
+    /* Large blocks resized (in place where the next span is free) keep their guard right after them. */
+    char *q = malloc(400u << 10);
+    q = realloc(q, 1u << 20);
+    q = realloc(q, 1500u << 10);
+    q = realloc(q, 300u << 10);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
+  } else if (!strcmp(m, "huge-realloc-guard")) {
+    /* Huge blocks resized inside their mapping (grown, then shrunk) keep the guard right after their end. */
+    char *q = malloc(5u << 20);
+    q = realloc(q, (11u << 20) / 2);   /* moves, with room to grow */
+    q = realloc(q, 7u << 20);          /* grows inside the mapping */
+    opaque_memset(q, 0x41, 7u << 20);
+    q = realloc(q, 6u << 20);          /* shrinks inside it */
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
+  } else if (!strcmp(m, "huge-cache-guard")) {
+    /* A 7 MiB block served from the huge cache by an 8 MiB mapping, then a 1,000,000-byte overflow past it. */
+    free(opaque(malloc(8u << 20)));
+    char *q = malloc(7u << 20);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 1000000);
+  } else if (!strcmp(m, "large-uaf-read") || !strcmp(m, "huge-uaf-read")) {
+    size_t n = m[0] == 'l' ? 512u << 10 : 8u << 20;
+    char *q = malloc(n);
+    opaque_memset(q, 0x5a, n);
+    free(q);
+    printf("read %x\n", ((volatile unsigned char *)opaque(q))[100]);   /* after free: faults in the secure variant */
+  } else if (!strcmp(m, "reuse-large")) {
+    /* Prints how many of 20 malloc-after-free pairs of 512 KiB got the block just freed back. */
+    int again = 0;
+    for (int i = 0; i < 20; i++) {
+      void *a = opaque(malloc(512u << 10));
+      free(a);
+      void *b = opaque(malloc(512u << 10));
+      again += (uintptr_t)a == (uintptr_t)b;   /* through opaque(): a compiler may not fold it to false */
+      free(b);
+    }
+    printf("%d\n", again);
+    return 0;
+  } else if (!strcmp(m, "fork-random")) {
+    /* Two children of one parent each print a line: the address of a new huge block and the order of 32 blocks of
+     * a size class the parent never used. Equal lines: the children share the parent's randomness. */
+    fflush(stdout);
+    for (int c = 0; c < 2; c++) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        printf("%p", malloc(6u << 20));
+        for (int i = 0; i < 32; i++) printf(" %lx", (unsigned long)((uintptr_t)malloc(3000) & 0xfffff));
+        printf("\n");
+        fflush(stdout);
+        _exit(0);
+      }
+      waitpid(pid, NULL, 0);
+    }
+    return 0;
+  } else if (!strcmp(m, "zero-on-free-remote")) {
+    /* zero_on_free and a block freed by another thread: prints "wiped" or "not wiped at N" as below. */
+    char *q = malloc(200);
+    opaque_memset(q, 0x5a, 200);
+    shared = q;
+    run_thread(remote_free);
+    int bad = -1;
+    for (int i = 16; i < 192 && bad < 0; i++)
+      if (((volatile char *)q)[i] != 0) bad = i;
+    if (bad >= 0) printf("not wiped at %d\n", bad);
+    else printf("wiped\n");
     return 0;
   } else if (!strcmp(m, "zero-on-free")) {
     /* Prints "wiped" or "not wiped at N", then "reported R": what mallard_ctl says opt.zero_on_free is. */
