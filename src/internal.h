@@ -340,7 +340,12 @@ MLD_HIDDEN bool mld_page_extend(page_t *pg);
 MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
 
 /* heap.c */
-extern __thread heap_t *mld_tls_heap MLD_HIDDEN;
+/* The thread's heap and the heap profiler's sampling countdown (prof.h) in one TLS block: the malloc fast path
+ * reaches both through one TLS offset (one GOT load in the shared library, not two). */
+typedef struct mld_tls_s { heap_t *heap; uint64_t prof_left; } mld_tls_t;
+extern __thread mld_tls_t mld_tls MLD_HIDDEN;
+#define mld_tls_heap (mld_tls.heap)
+#define MLD_TLS_PROF_LEFT (mld_tls.prof_left)
 extern heap_t mld_heap_empty MLD_HIDDEN;
 extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
@@ -416,6 +421,9 @@ MLD_HIDDEN void mld_options_init(void);
 #define MLD_OPTIONS_TEXT_MAX 2048   /* enough for every option, slab_sizes with one range per class included */
 /* The options in force as "key:value,..." that MALLARD_CONF accepts back; returns the length it needs (snprintf). */
 MLD_HIDDEN size_t mld_options_format(char *buf, size_t len);
+struct prof_options_s;
+MLD_HIDDEN size_t mld_options_format_of(const options_t *o, const struct prof_options_s *po, unsigned auto_arenas,
+                                         char *buf, size_t len);
 MLD_HIDDEN void mld_options_announce(void);   /* verbose:true: "mallard VERSION: <options>" on stderr */
 
 /* init.c */

@@ -3,6 +3,7 @@
 #include "internal.h"
 #include "mallard.h"
 #include "stats.h"
+#include "prof.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -36,6 +37,7 @@ typedef struct live_root_s {
   const _Atomic(unsigned) *narenas;
   const _Atomic(uint64_t) *huge_active, *huge_cached, *meta_bytes, *mapped_bytes, *invalid_count;
   const options_t *opt;
+  const prof_options_t *prof_opt;
   const unsigned *auto_arenas;
   const uint64_t *start_ms;
   const _Atomic(int) *initialized;
@@ -49,6 +51,7 @@ static const size_t live_layout[] = {
   offsetof(arena_t, npurge_passes), offsetof(arena_t, large_active), sizeof(lock_stats_t),
   sizeof(options_t), offsetof(options_t, page_slots), offsetof(options_t, huge_cache_max),
   offsetof(options_t, page_cache), offsetof(options_t, stats_print_opts), offsetof(options_t, zero_on_free),
+  sizeof(prof_options_t), offsetof(prof_options_t, prefix),
 };
 
 MLD_EXPORT const live_root_t mallard_live_root = {
@@ -56,7 +59,7 @@ MLD_EXPORT const live_root_t mallard_live_root = {
   live_layout, sizeof live_layout / sizeof live_layout[0], MLD_NUM_CLASSES, mld_class_size,
   &mld_heaps_all, &mld_dead_stats, &mld_orphan_stats, mld_arenas, &mld_narenas,
   &mld_huge_active, &mld_huge_cached, &mld_meta_bytes, &mld_mapped_bytes, &mld_invalid_count,
-  &mld_opt, &mld_auto_arenas, &mld_start_ms, &mld_initialized,
+  &mld_opt, &mld_prof_opt, &mld_auto_arenas, &mld_start_ms, &mld_initialized,
 };
 
 /* ---- reading another process's memory: the kernel allows it to the same user (ptrace rules) or root ---- */
@@ -131,34 +134,6 @@ static bool remote_purge_thread(pid_t pid) {
   return found;
 }
 
-/* The options as options.c prints them ("key:value,..."), from the target's copy. Keep in step with
- * mld_options_format: tests/cli/test_cli_live.py compares this line with the target's own report. */
-static void remote_options_text(char *buf, size_t len, const options_t *o, unsigned auto_arenas) {
-  static const char *const thp[] = { "default", "madvise", "always", "never" };
-  size_t n = 0;
-#define PUT(...) do { int w_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__); \
-                      if (w_ > 0) n = n + (size_t)w_ < len ? n + (size_t)w_ : len - 1; } while (0)
-#define TF(b) ((b) ? "true" : "false")
-  buf[0] = 0;
-  char opts[sizeof o->stats_print_opts + 1];
-  memcpy(opts, o->stats_print_opts, sizeof o->stats_print_opts);
-  opts[sizeof o->stats_print_opts] = 0;   /* the copy may be garbage: bounded */
-  PUT("narenas:%u,dirty_decay_ms:%ld,background_thread:%s,retain:%s,thp:%s,verbose:%s,zero_on_free:%s,"
-      "abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
-      o->narenas ? o->narenas : auto_arenas, o->dirty_decay_ms, TF(o->background_thread), TF(o->retain),
-      o->thp < 0 || o->thp > 2 ? thp[3] : thp[o->thp], TF(o->verbose), TF(o->zero_on_free), TF(o->abort_conf),
-      TF(o->stats_print), opts);
-  for (unsigned c = 0; c < MLD_NUM_CLASSES;) {
-    unsigned e = c;
-    while (e + 1 < MLD_NUM_CLASSES && o->page_slots[e + 1] == o->page_slots[c]) e++;
-    PUT("%s%u-%u:%u", c ? "|" : "", mld_class_size[c], mld_class_size[e], o->page_slots[c]);
-    c = e + 1;
-  }
-  PUT(",page_cache:%u,huge_cache_max:%zu", o->page_cache, o->huge_cache_max);
-#undef PUT
-#undef TF
-}
-
 static int check_root(pid_t pid, const live_root_t *r) {
   const live_root_t *mine = &mallard_live_root;
   if (strncmp(r->lib_version, MALLARD_VERSION, sizeof r->lib_version) || r->nlayout != mine->nlayout ||
@@ -176,6 +151,7 @@ static int check_root(pid_t pid, const live_root_t *r) {
 static int remote_snapshot(pid_t pid, const live_root_t *r, stats_snapshot_t *s) {
   static arena_t a;        /* ~1.5 KiB: off the stack; the reader holds live_lock */
   static options_t o;
+  static prof_options_t po;
   int e, init;
   unsigned n, auto_arenas;
   arena_t *ptrs[MLD_MAX_ARENAS];
@@ -184,7 +160,7 @@ static int remote_snapshot(pid_t pid, const live_root_t *r, stats_snapshot_t *s)
   if ((e = rd(pid, r->initialized, &init, sizeof init))) return e;
   if (init != 2) return EAGAIN;   /* not initialised yet (or being initialised): nothing to read */
   if ((e = rd(pid, r->narenas, &n, sizeof n)) || (e = rd(pid, r->arenas, ptrs, sizeof ptrs)) ||
-      (e = rd(pid, r->opt, &o, sizeof o)) || (e = rd(pid, r->auto_arenas, &auto_arenas, sizeof auto_arenas)) ||
+      (e = rd(pid, r->opt, &o, sizeof o)) || (e = rd(pid, r->prof_opt, &po, sizeof po)) || (e = rd(pid, r->auto_arenas, &auto_arenas, sizeof auto_arenas)) ||
       (e = rd(pid, r->start_ms, &start_ms, sizeof start_ms)) || (e = remote_u64(pid, r->huge_active, &at.huge_active)) ||
       (e = remote_u64(pid, r->huge_cached, &at.huge_cached)) || (e = remote_u64(pid, r->meta_bytes, &at.meta_bytes)) ||
       (e = remote_u64(pid, r->mapped_bytes, &at.mapped_bytes)) ||
@@ -204,7 +180,7 @@ static int remote_snapshot(pid_t pid, const live_root_t *r, stats_snapshot_t *s)
   s->thp = o.thp;
   s->huge_cache_max = o.huge_cache_max;
   s->page_cache = o.page_cache;
-  remote_options_text(s->options_text, sizeof s->options_text, &o, auto_arenas);
+  mld_options_format_of(&o, &po, auto_arenas, s->options_text, sizeof s->options_text);
   s->pid = (int)pid;
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/exe", (int)pid);

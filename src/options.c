@@ -470,28 +470,38 @@ static void put(fmt_t *f, const char *fmt, ...) {
 
 static const char *tf(bool b) { return b ? "true" : "false"; }
 
-size_t mld_options_format(char *buf, size_t len) {
+/* The options of *o and *po as "key:value,...". Also formats another process's copies (live.c): every string read
+ * from them is bounded here, and an out-of-range enum prints as its default. */
+size_t mld_options_format_of(const options_t *o, const prof_options_t *po, unsigned auto_arenas, char *buf,
+                             size_t len) {
   fmt_t f = { buf, len, 0 };
+  char spo[sizeof o->stats_print_opts + 1], signame[sizeof po->signame + 1], prefix[sizeof po->prefix + 1];
+  snprintf(spo, sizeof spo, "%.*s", (int)sizeof o->stats_print_opts, o->stats_print_opts);
+  snprintf(signame, sizeof signame, "%.*s", (int)sizeof po->signame, po->signame);
+  snprintf(prefix, sizeof prefix, "%.*s", (int)sizeof po->prefix, po->prefix);
   if (len) buf[0] = 0;
   put(&f, "narenas:%u,dirty_decay_ms:%ld,background_thread:%s,retain:%s,thp:%s,verbose:%s,zero_on_free:%s,"
           "abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
-      mld_opt.narenas ? mld_opt.narenas : mld_auto_arenas, mld_opt.dirty_decay_ms, tf(mld_opt.background_thread),
-      tf(mld_opt.retain), mld_opt.thp < 0 ? "never" : thp_names[mld_opt.thp], tf(mld_opt.verbose),
-      tf(mld_opt.zero_on_free), tf(mld_opt.abort_conf), tf(mld_opt.stats_print), mld_opt.stats_print_opts);
+      o->narenas ? o->narenas : auto_arenas, o->dirty_decay_ms, tf(o->background_thread),
+      tf(o->retain), o->thp < 0 || o->thp > 2 ? "never" : thp_names[o->thp], tf(o->verbose),
+      tf(o->zero_on_free), tf(o->abort_conf), tf(o->stats_print), spo);
   /* Runs of classes with the same page size, as LO-HI:SLOTS ranges of block sizes. */
   for (unsigned c = 0; c < MLD_NUM_CLASSES;) {
     unsigned e = c;
-    while (e + 1 < MLD_NUM_CLASSES && mld_opt.page_slots[e + 1] == mld_opt.page_slots[c]) e++;
-    put(&f, "%s%u-%u:%u", c ? "|" : "", mld_class_size[c], mld_class_size[e], mld_opt.page_slots[c]);
+    while (e + 1 < MLD_NUM_CLASSES && o->page_slots[e + 1] == o->page_slots[c]) e++;
+    put(&f, "%s%u-%u:%u", c ? "|" : "", mld_class_size[c], mld_class_size[e], o->page_slots[c]);
     c = e + 1;
   }
-  put(&f, ",page_cache:%u,huge_cache_max:%zu", mld_opt.page_cache, mld_opt.huge_cache_max);
-  const prof_options_t *po = &mld_prof_opt;
+  put(&f, ",page_cache:%u,huge_cache_max:%zu", o->page_cache, o->huge_cache_max);
   put(&f, ",prof:%s,prof_active:%s,prof_sample:%zu,prof_final:%s,prof_leak:%s,prof_prefix:%s,prof_interval:%zu,"
           "prof_signal:%s,prof_seed:%llu",
-      tf(po->prof), tf(po->active), po->sample, tf(po->final), tf(po->leak), po->prefix, po->interval,
-      po->signame, (unsigned long long)po->seed);
+      tf(po->prof), tf(po->active), po->sample, tf(po->final), tf(po->leak), prefix, po->interval,
+      signame, (unsigned long long)po->seed);
   return f.n;
+}
+
+size_t mld_options_format(char *buf, size_t len) {
+  return mld_options_format_of(&mld_opt, &mld_prof_opt, mld_auto_arenas, buf, len);
 }
 
 void mld_options_announce(void) {
