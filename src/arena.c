@@ -439,11 +439,8 @@ uint64_t mld_arena_next_due(arena_t *a, bool *dirty) {
 }
 
 #include "stats.h"
-/* Copy an arena's counters under its lock. */
-bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s) {
-  arena_t *a = mld_arena_get(index);
-  if (!a) return false;
-  mld_lock(&a->lock, &a->lock_stats);
+/* An arena's counters as the report shows them (also from another process's copy: live.c). */
+void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s) {
   s->nthreads = a->nthreads;
   s->nthreads_total = a->nthreads_total;
   s->nsegments = a->nsegments;
@@ -454,6 +451,14 @@ bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s) {
   s->nmadvise = a->nmadvise;
   s->purged_total = a->purged_bytes_total;
   s->lock = a->lock_stats;
+}
+
+/* Copy an arena's counters under its lock. */
+bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s) {
+  arena_t *a = mld_arena_get(index);
+  if (!a) return false;
+  mld_lock(&a->lock, &a->lock_stats);
+  mld_arena_snapshot_of(a, s);
   pthread_mutex_unlock(&a->lock);
   return true;
 }

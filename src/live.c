@@ -172,15 +172,7 @@ static int remote_snapshot(pid_t pid, const live_root_t *r, stats_snapshot_t *s)
     mld_arena_snapshot_of(&a, &s->arenas[s->narenas++]);
   }
   mld_global_compute(&s->g, &s->hs, s->arenas, s->narenas, &at);
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
-    s->page_slots[c] = o.page_slots[c] <= MLD_MAX_PAGE_SLOTS ? o.page_slots[c] : 0;   /* garbage stays printable */
-  s->dirty_decay_ms = o.dirty_decay_ms;
-  s->background_thread = o.background_thread;
-  s->retain = o.retain;
-  s->thp = o.thp;
-  s->huge_cache_max = o.huge_cache_max;
-  s->page_cache = o.page_cache;
-  mld_options_format_of(&o, &po, auto_arenas, s->options_text, sizeof s->options_text);
+  mld_snapshot_options(s, &o, &po, auto_arenas);
   s->pid = (int)pid;
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/exe", (int)pid);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "stats.h"
+#include "prof.h"
 
 /* A static link pulls live.o (the root a reader in another process looks for) from the archive with stats.o. */
 __attribute__((used)) static const void *const keep_live_root = &mallard_live_root;
@@ -25,20 +26,6 @@ void mld_stats_sum(heap_stats_t *out) {
   mld_stats_add(out, &mld_orphan_stats);
   for (heap_t *h = mld_heaps_all; h; h = h->next_all) mld_stats_add(out, &h->stats);
   pthread_mutex_unlock(&mld_heaps_mutex);
-}
-
-/* An arena's counters as the report shows them. */
-void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s) {
-  s->nthreads = a->nthreads;
-  s->nthreads_total = a->nthreads_total;
-  s->nsegments = a->nsegments;
-  s->dirty_bytes = (uint64_t)a->dirty_slots * MLD_SLOT_SIZE;
-  s->purged_bytes = (uint64_t)a->purged_slots * MLD_SLOT_SIZE;
-  s->large_active = a->large_active;
-  s->npurge_passes = a->npurge_passes;
-  s->nmadvise = a->nmadvise;
-  s->purged_total = a->purged_bytes_total;
-  s->lock = a->lock_stats;
 }
 
 static uint64_t sub0(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }   /* racy copies may not add up */
@@ -91,6 +78,20 @@ void mld_global_stats(global_stats_t *g) {
 }
 
 /* This process's snapshot: heaps under the registry lock, each arena under its lock. */
+/* The options the report shows, from this process's options or another's copy (live.c): garbage stays printable. */
+void mld_snapshot_options(stats_snapshot_t *s, const options_t *o, const struct prof_options_s *po,
+                          unsigned auto_arenas) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
+    s->page_slots[c] = o->page_slots[c] <= MLD_MAX_PAGE_SLOTS ? o->page_slots[c] : 0;
+  s->dirty_decay_ms = o->dirty_decay_ms;
+  s->background_thread = o->background_thread;
+  s->retain = o->retain;
+  s->thp = o->thp;
+  s->huge_cache_max = o->huge_cache_max;
+  s->page_cache = o->page_cache;
+  mld_options_format_of(o, po, auto_arenas, s->options_text, sizeof s->options_text);
+}
+
 static void local_snapshot(stats_snapshot_t *s) {
   mld_stats_sum(&s->hs);
   s->narenas = 0;
@@ -101,14 +102,7 @@ static void local_snapshot(stats_snapshot_t *s) {
   local_atomics(&at);
   mld_global_compute(&s->g, &s->hs, s->arenas, s->narenas, &at);
   s->invalid_frees = atomic_load(&mld_invalid_count);
-  memcpy(s->page_slots, mld_opt.page_slots, sizeof s->page_slots);
-  s->dirty_decay_ms = mld_opt.dirty_decay_ms;
-  s->background_thread = mld_opt.background_thread;
-  s->retain = mld_opt.retain;
-  s->thp = mld_opt.thp;
-  s->huge_cache_max = mld_opt.huge_cache_max;
-  s->page_cache = mld_opt.page_cache;
-  mld_options_format(s->options_text, sizeof s->options_text);
+  mld_snapshot_options(s, &mld_opt, &mld_prof_opt, mld_auto_arenas);
   s->pid = (int)getpid();
   ssize_t xl = readlink("/proc/self/exe", s->exe, sizeof s->exe - 1);
   s->exe[xl > 0 ? xl : 0] = 0;

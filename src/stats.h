@@ -42,6 +42,9 @@ typedef struct stats_snapshot_s {
 
 /* The memory figures of `g` from summed heap counters, arena totals and the allocator's global atomics. */
 typedef struct stats_atomics_s { uint64_t huge_active, huge_cached, meta_bytes, mapped_bytes; } stats_atomics_t;
+struct prof_options_s;
+MLD_HIDDEN void mld_snapshot_options(stats_snapshot_t *s, const options_t *o, const struct prof_options_s *po,
+                                     unsigned auto_arenas);
 MLD_HIDDEN void mld_global_compute(global_stats_t *g, const heap_stats_t *hs, const arena_snapshot_t *arenas,
                                    unsigned narenas, const stats_atomics_t *at);
 /* An arena's counters as the report shows them (the caller holds its lock, or reads a copy). */
