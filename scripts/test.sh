@@ -33,6 +33,8 @@ else
   echo "the ThreadSanitizer build failed"
   status=1
 fi
+echo "== ThreadSanitizer: the secure variant's cross-thread paths (tests/secure/tsan.sh)"
+bash tests/secure/tsan.sh "$root/build-tsan-secure" || status=1
 # ---- end of the ThreadSanitizer block ----
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1

@@ -6,7 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-tsan-secure}
 mkdir -p "$out"
-cc=${CC:-clang}
+cc=${CC:-cc}   # gcc on Debian: its libtsan is what the ThreadSanitizer build of scripts/test.sh uses too
 flags=(-std=gnu11 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -I"$root/include" -I"$root/src" -I"$root/tests/c")
 srcs=$(sed -n '/set(MALLARD_CORE_SOURCES/,/)/p' "$root/src/CMakeLists.txt" | tr ' ()' '\n\n\n' | grep '\.c$')
 objs=()
