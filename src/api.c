@@ -327,7 +327,7 @@ static void *sample_alloc(size_t size, size_t align, bool zero, const void *ra, 
 /* junk:alloc|true (junk.h): every allocation comes here. The countdown is held at -1, so that every request below
  * 2^63 bytes (all that can succeed) ticks it negative, and the profiler's own countdown waits in junk_prof_left:
  * each allocation is counted against it as the fast path would have, and sampled when it runs out. */
-static __thread uint64_t junk_prof_left;   /* 0 in a new thread, as the countdown: its first allocation draws */
+static __thread uint64_t junk_prof_left = (uint64_t)-1;   /* as the countdown in a new thread: its first allocation draws */
 
 static MLD_NOINLINE void *junk_alloc(size_t size, size_t align, bool zero, const void *ra) {
   mld_prof_left = junk_prof_left - size;

@@ -102,7 +102,17 @@ static const char *verdict(const void *p, size_t from, size_t to) {
  * mapped and readable: small blocks (past their first 8 bytes, the free-list link; 16 for a remote free, whose
  * batch head holds two words in the fast variant), and large and huge blocks when read_big_freed (the fast
  * variant keeps them mapped; the secure variant with secure_noaccess_min above their size). */
+/* A new thread's first allocation is of 0 bytes: it gets a block of 16 usable bytes or more, which junk fills too. */
+static void *first_malloc0(void *arg) {
+  (void)arg;
+  char *q = opaque(malloc(0));
+  printf("small-new-thread-malloc0 %s\n", verdict(q, 0, malloc_usable_size(q)));
+  free(q);
+  return NULL;
+}
+
 static void junk_paths(bool read_big_freed) {
+  run_thread(first_malloc0);
   char *q = opaque(malloc(100));
   printf("small-new %s\n", verdict(q, 0, 100));
   opaque_memset(q, 0x11, 100);

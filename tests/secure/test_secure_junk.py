@@ -5,7 +5,7 @@ import pytest
 from test_secure_misuse import FAST, SECURE, output, run
 
 # What each path of `mallard-misuse junk` reads with junk:true (misuse.c: junk_paths).
-NEW = {"small-new": "alloc", "large-new": "alloc", "huge-new": "alloc", "realloc-small-tail": "alloc",
+NEW = {"small-new": "alloc", "small-new-thread-malloc0": "alloc", "large-new": "alloc", "huge-new": "alloc", "realloc-small-tail": "alloc",
        "realloc-large-tail": "alloc", "realloc-huge-tail": "alloc"}
 FREED = {"small-freed": "free", "small-remote-freed": "free", "large-freed": "free", "huge-freed": "free",
          "realloc-small-old": "free", "realloc-large-shrink": "free"}
