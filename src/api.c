@@ -4,6 +4,7 @@
 #include "mallard.h"
 #include "secure.h"
 #include "prof.h"
+#include "junk.h"
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -75,10 +76,36 @@ static MLD_NOINLINE void free_foreign(void *p, const char *what) {
   mld_report_invalid(what, p);
 }
 
+/* ---- junk:free|true (junk.h): freed small blocks ----
+ * The block's usable bytes get the free pattern before the block goes on a list (whose push then writes the link
+ * into its first word, and leaves the secure variant's canary, past the usable bytes, as it was). Only a block
+ * start is filled, and in the secure variant only a live block with its canary intact (checked first, so that a
+ * double or invalid free is reported as such, before any byte is written). */
+static MLD_NOINLINE void junk_small(page_t *pg, void *p) {
+  size_t off = (size_t)((uint8_t *)p - page_start(pg));
+  if (off % pg->block_size) return;   /* not a block start (the fast variant's invalid free): nothing of ours */
+#ifdef MALLARD_SECURE
+  secure_check_free(pg, p);
+#endif
+  memset(p, MLD_JUNK_FREE_BYTE, mld_block_usable(pg->block_size));
+}
+
 /* The owner emptied a page that does not stay: it goes to the page cache or its arena (heap.c). */
 static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
   mld_page_retire(h, pg);
   mld_huge_cache_age();
+}
+
+/* The owner frees into a page whose owner_slow is set (the fast path tests in_full and junk_free at once): the
+ * block is filled under junk:free, then it goes to a parked page's locked path (heap.c), or as the fast path does.
+ * Only the owner parks its pages, so in_full read 0 here stays 0 while this runs (a sweep only clears it). */
+static MLD_NOINLINE void owner_free_slow(void *p) {
+  page_t *pg = page_of(segment_of(p), p);
+  if (pg->junk_free) junk_small(pg, p);
+  if (pg->in_full) { mld_free_parked(p); return; }
+  heap_t *h = mld_tls_heap;
+  mld_owner_push(h, pg, p);
+  if (--pg->used == 0 && !pg->keep_on_empty) retire(h, pg);
 }
 
 /* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
@@ -87,6 +114,7 @@ static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *pg, void *p) {
     if (p == seg->user) mld_prof_forget(p);   /* sampled blocks are large or huge: their record goes first */
     mld_huge_free(mld_tls_heap, seg, p);   /* checks that p is the live block of the mapping */
   } else if (likely(pg->kind == PAGE_SMALL)) {
+    if (unlikely(pg->junk_free)) junk_small(pg, p);   /* before the block is published to its owner */
     mld_free_remote(pg, p);
     return;
   } else if (pg->kind == PAGE_LARGE && p == pg->user) {
@@ -110,8 +138,8 @@ static inline void dealloc(void *p) {
   if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
     /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
     block_t *b = p;
-    if (unlikely(pg->in_full)) {           /* parked: a sweep may be at it, the locked path (heap.c) */
-      mld_free_parked(p);                  /* p alone: the fast path keeps it in its argument register */
+    if (unlikely(pg->owner_slow)) {        /* parked (a sweep may be at it: the locked path, heap.c) or junk:free */
+      owner_free_slow(p);                  /* p alone: the fast path keeps it in its argument register */
       return;
     }
     mld_owner_push(h, pg, b);
@@ -202,6 +230,18 @@ static void *realloc_new(size_t size, const void *ra) {
   return alloc(size);
 }
 
+/* junk (junk.h) and a block resized in place: the bytes given up, [size, old), get the free pattern before they
+ * are released (a shrink gives whole slots or OS pages back at once; what stays of [size, old) reads as freed:
+ * it was given up); a block grown in place gets the allocation pattern on its new tail [old, new usable). */
+static MLD_NOINLINE void junk_given_up(void *p, size_t size, size_t old) {
+  if ((mld_opt.junk & MLD_JUNK_FREE) && size < old) memset((uint8_t *)p + size, MLD_JUNK_FREE_BYTE, old - size);
+}
+static size_t usable_size(const void *p, const char *what);
+static MLD_NOINLINE void junk_grown(void *p, size_t old) {
+  size_t now = usable_size(p, "realloc");
+  if ((mld_opt.junk & MLD_JUNK_ALLOC) && now > old) memset((uint8_t *)p + old, MLD_JUNK_ALLOC_BYTE, now - old);
+}
+
 static void *reallocate(void *p, size_t size, const void *ra) {
   if (!p) return realloc_new(size, ra);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
@@ -216,14 +256,22 @@ static void *reallocate(void *p, size_t size, const void *ra) {
       if (size > MLD_LARGE_MAX) {
         prof_rec_t rec;   /* a sampled block's record moves with it (out first: p's range may be reused at once) */
         bool sampled = mld_prof_detach(p, &rec);
+        if (unlikely(mld_opt.junk)) junk_given_up(p, size, old);
         void *q = mld_huge_realloc(mld_tls_heap, seg, p, size);
         if (sampled) mld_prof_attach(q ? q : p, &rec);
+        if (q && unlikely(mld_opt.junk)) junk_grown(q, old);
         if (q) return q;   /* else (e.g. the mapping spans merged pieces mremap will not move) copy below */
       }
 #else
       /* The secure variant moves huge blocks (mremap would carry the guard page along): it resizes within the
        * mapping when it can, and grows by half again when it must move, so that growth costs O(n) copying. */
-      if (size > MLD_LARGE_MAX && mld_huge_resize_within(seg, size)) return p;
+      if (size > MLD_LARGE_MAX) {
+        if (unlikely(mld_opt.junk)) junk_given_up(p, size, old);
+        if (mld_huge_resize_within(seg, size)) {
+          if (unlikely(mld_opt.junk)) junk_grown(p, old);
+          return p;
+        }
+      }
       if (size > old && size > MLD_LARGE_MAX && (!mld_add(size, size / 2, &want) || want > MLD_MAX_REQUEST))
         want = size;   /* no room to grow geometrically: exactly what was asked */
 #endif
@@ -237,7 +285,13 @@ static void *reallocate(void *p, size_t size, const void *ra) {
         if (size <= old && (size > old / 2 || old <= 64)) return p;   /* fits, and not too wasteful */
       } else if (pg->kind == PAGE_LARGE && p == pg->user) {
         old = pg->large_size;
-        if (size > MLD_MEDIUM_MAX && size <= MLD_LARGE_MAX && mld_large_resize_in_place(pg, size)) return p;
+        if (size > MLD_MEDIUM_MAX && size <= MLD_LARGE_MAX) {
+          if (unlikely(mld_opt.junk)) junk_given_up(p, size, old);
+          if (mld_large_resize_in_place(pg, size)) {
+            if (unlikely(mld_opt.junk)) junk_grown(p, old);
+            return p;
+          }
+        }
       } else {
         mld_report_invalid("realloc", p);
         errno = ENOMEM;
@@ -263,11 +317,32 @@ static void *reallocate(void *p, size_t size, const void *ra) {
  * mapping): its free never takes the small-block fast path, so that path needs no test, and the large and huge free
  * paths look the block up (mld_prof_forget) before giving it back. ra: the return address into the caller, where
  * the recorded stack starts. */
-static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const void *ra) {
-  if (!mld_prof_take(size)) return zero ? zalloc_aligned(align, size) : alloc_aligned(align, size);
+static void *sample_alloc(size_t size, size_t align, bool zero, const void *ra, bool sampled) {
+  if (!sampled) return zero ? zalloc_aligned(align, size) : alloc_aligned(align, size);
   void *p = alloc_big(size, align, zero);
   if (p) mld_prof_record(p, size, ra);
   return p;
+}
+
+/* junk:alloc|true (junk.h): every allocation comes here. The countdown is held at -1, so that every request below
+ * 2^63 bytes (all that can succeed) ticks it negative, and the profiler's own countdown waits in junk_prof_left:
+ * each allocation is counted against it as the fast path would have, and sampled when it runs out. */
+static __thread uint64_t junk_prof_left = (uint64_t)-1;   /* as the countdown in a new thread: its first allocation draws */
+
+static MLD_NOINLINE void *junk_alloc(size_t size, size_t align, bool zero, const void *ra) {
+  mld_prof_left = junk_prof_left - size;
+  bool sampled = (int64_t)mld_prof_left < 0 && mld_prof_take(size);
+  junk_prof_left = mld_prof_left;
+  mld_prof_left = (uint64_t)-1;
+  void *p = sample_alloc(size, align, zero, ra, sampled);
+  if (p && !zero) memset(p, MLD_JUNK_ALLOC_BYTE, usable_size(p, "malloc"));   /* calloc's memory stays zero */
+  return p;
+}
+
+static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const void *ra) {
+  mld_ensure_init();   /* options first: a thread's first allocation may be the process's */
+  if (unlikely(mld_opt.junk & MLD_JUNK_ALLOC)) return junk_alloc(size, align, zero, ra);
+  return sample_alloc(size, align, zero, ra, mld_prof_take(size));
 }
 
 /* `expr` serves the request unless the countdown ran out; __builtin_return_address(0) is the exported function's. */

@@ -60,12 +60,13 @@ void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
 void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL); }
 
 /* ---- guard slabs (secure variant): the last OS page of some small pages is PROT_NONE while they are in use ----
- * Chosen by position, one page in MLD_GUARD_SLAB_INTERVAL slots (those whose span ends on a multiple of it), so
+ * Chosen by position, one page in guard_slab_interval slots (those whose span ends on a multiple of it), so
  * a linear overflow crosses at most that many slots of small pages before it faults. Set when the span is handed
  * out as a small page, undone before it returns to the free spans (the page cache keeps it guarded). */
 #ifdef MALLARD_SECURE
 static bool span_wants_guard(const page_t *pg) {
-  return MLD_GUARD_SLAB_INTERVAL && (slot_index(pg) + pg->slot_count) % MLD_GUARD_SLAB_INTERVAL == 0;
+  unsigned n = mld_opt.guard_slab_interval;   /* option guard_slab_interval; 0: no guard slabs */
+  return n && (slot_index(pg) + pg->slot_count) % n == 0;
 }
 static void span_set_guard(page_t *pg) {
   uint8_t *end = page_start(pg) + ((size_t)pg->slot_count << MLD_SLOT_SHIFT);

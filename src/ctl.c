@@ -11,6 +11,7 @@
 
 static uint64_t ctl_epoch = 1;
 static const char *thp_names[] = { "default", "madvise", "always" };
+static const char *junk_names[] = { "false", "alloc", "free", "true" };   /* index: MLD_JUNK_* bits (junk.h) */
 
 /* Copy a value out: the caller's buffer must be exactly the value's size. */
 static int rd(void *oldp, size_t *oldlenp, const void *v, size_t n) {
@@ -58,6 +59,12 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "page_cache")) READ(unsigned, mld_opt.page_cache);
   if (!strcmp(n, "zero_on_free")) READ(bool, mld_opt.zero_on_free);
   if (!strcmp(n, "secure")) READ(bool, MLD_SECURE_BUILD);
+  /* The secure variant's defences as in force (the fast variant holds them off: 0, SIZE_MAX for none, false). */
+  if (!strcmp(n, "guard_slab_interval")) READ(unsigned, mld_opt.guard_slab_interval);
+  if (!strcmp(n, "secure_noaccess_min")) READ(size_t, mld_opt.secure_noaccess_min);
+  if (!strcmp(n, "large_quarantine")) READ(unsigned, mld_opt.large_quarantine);
+  if (!strcmp(n, "delayed_reuse")) READ(bool, mld_opt.delayed_reuse);
+  if (!strcmp(n, "junk")) READ(const char *, junk_names[mld_opt.junk & 3]);
   const prof_options_t *po = &mld_prof_opt;
   if (!strcmp(n, "prof")) READ(bool, po->prof);
   if (!strcmp(n, "prof_active")) READ(bool, po->active);

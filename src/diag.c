@@ -15,13 +15,16 @@ static void write_all(const char *s, size_t n) {
 }
 
 void mld_message(const char *fmt, ...) {
-  char buf[512];
+  char buf[1024];   /* the unknown-option message lists every key */
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(buf, sizeof buf, fmt, ap);   /* glibc's vsnprintf does not allocate for plain formats */
   va_end(ap);
   if (n < 0) return;
-  if ((size_t)n >= sizeof buf) n = sizeof buf - 1;
+  if ((size_t)n >= sizeof buf) {   /* cut: still one line */
+    n = sizeof buf - 1;
+    buf[n - 1] = '\n';
+  }
   write_all(buf, (size_t)n);
 }
 

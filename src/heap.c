@@ -7,7 +7,9 @@
 
 /* Every thread starts on this shared empty heap; its first malloc creates a real one. */
 heap_t mld_heap_empty = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty } };
-__thread mld_tls_t mld_tls __attribute__((tls_model("initial-exec"))) = { &mld_heap_empty, 0 };
+/* The countdown starts negative: a thread's first allocation, malloc(0) included, takes its slow path (which
+ * draws it, and under junk:alloc fills; prof.h). */
+__thread mld_tls_t mld_tls __attribute__((tls_model("initial-exec"))) = { &mld_heap_empty, (uint64_t)-1 };
 
 pthread_mutex_t mld_heaps_mutex = PTHREAD_MUTEX_INITIALIZER;
 heap_t *mld_heaps_all;                  /* live heaps (statistics, fork) */

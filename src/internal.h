@@ -60,12 +60,18 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
   uint8_t kind;                          /* PAGE_* */
   uint8_t size_class;
-  uint8_t in_full;                       /* parked on its heap's full list (written under the heap lock) */
+  /* The owner's free fast path tests both bytes at once (owner_slow): one test, whichever sends it away. */
+  union {
+    struct {
+      uint8_t in_full;                   /* parked on its heap's full list (written under the heap lock) */
+      uint8_t junk_free;                 /* junk:free|true: owner frees take the slow path, which fills (api.c) */
+    };
+    uint16_t owner_slow;                 /* non-zero: the owner's frees into this page take the slow path */
+  };
   uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
   uint8_t guarded;                       /* secure variant: small page whose last OS page is a guard (PROT_NONE) */
-  uint8_t pad_[1];
   void *user;                            /* large block: the pointer handed out (checked on free) */
   size_t large_size;                     /* large block: requested usable size */
   uint64_t dirty_since;                  /* free span: when it became dirty, ms */
@@ -241,7 +247,17 @@ typedef struct options_s {
   size_t huge_cache_max;                 /* bytes of freed huge mappings kept for reuse before decay */
   unsigned page_cache;                   /* empty 64 KiB pages each thread keeps before giving them back */
   bool zero_on_free;                     /* secure variant: wipe small blocks when they are freed */
+  /* The secure variant's defences (docs/SECURITY.md); the fast variant holds them at their "off" values. */
+  unsigned guard_slab_interval;          /* a small page ending on a multiple of this many slots ends in a guard; 0: none */
+  size_t secure_noaccess_min;            /* freed large and huge blocks from this size are PROT_NONE; SIZE_MAX: none */
+  unsigned large_quarantine;             /* freed large blocks held inaccessible before reuse (<= MLD_LARGE_QUARANTINE_MAX) */
+  bool delayed_reuse;                    /* an owner's free goes second on its page's list */
+  uint8_t junk;                          /* debug fills: MLD_JUNK_ALLOC | MLD_JUNK_FREE (junk.h) */
+  uint8_t owner_free_flags;              /* derived (secure.h's owner free tests one byte): MLD_OWNER_FREE_* */
 } options_t;
+#define MLD_OWNER_FREE_WIPE 1            /* zero_on_free (or a build with MLD_ZERO_ON_FREE_ALWAYS) */
+#define MLD_OWNER_FREE_FIRST 2           /* delayed_reuse:false */
+#define MLD_LARGE_QUARANTINE_MAX 64      /* bound of large_quarantine: the quarantine's array (large.c) */
 
 extern options_t mld_opt MLD_HIDDEN;
 

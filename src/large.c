@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "secure.h"
+#include "junk.h"
 #include <sys/mman.h>
 #include <errno.h>
 #include <string.h>
@@ -25,17 +26,17 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 #ifdef MALLARD_SECURE
 /* Freed bytes [p, p + n) (OS-page aligned): wiped under zero_on_free (purged: the kernel drops them and they read
  * back as zero; `wipe`, the bytes accessible now, is cleared when madvise fails), and PROT_NONE from
- * MLD_SECURE_NOACCESS_MIN on. Without zero_on_free they stay resident (reused without page faults), unreadable. */
+ * secure_noaccess_min (option) on. Without zero_on_free they stay resident (reused without page faults), unreadable. */
 static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
   if ((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) && !mld_os_purge(p, n)) memset(wipe, 0, wipe_len);
-  if (block_size >= MLD_SECURE_NOACCESS_MIN) mprotect(p, n, PROT_NONE);
+  if (block_size >= mld_opt.secure_noaccess_min) mprotect(p, n, PROT_NONE);
 }
 
 /* Freed large blocks wait here, inaccessible, before their spans go back to the arena: the next large malloc
  * does not get the block just freed, and a use after free faults meanwhile. A full quarantine sends a random
  * entry back (randomised delayed reuse). */
 static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
-static page_t *quarantine[MLD_LARGE_QUARANTINE ? MLD_LARGE_QUARANTINE : 1];
+static page_t *quarantine[MLD_LARGE_QUARANTINE_MAX];   /* the first large_quarantine entries are used */
 
 static void large_release(page_t *pg) {
   uint8_t *start = page_start(pg);
@@ -47,8 +48,9 @@ static void large_quarantine(page_t *pg) {
   uint8_t *start = page_start(pg);
   size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
   noaccess(start, bytes, pg->large_size, start, bytes - MLD_SLOT_SIZE);   /* the last slot holds the guard */
-  if (!MLD_LARGE_QUARANTINE) { large_release(pg); return; }
-  size_t i = (size_t)(mld_random64() % (MLD_LARGE_QUARANTINE ? MLD_LARGE_QUARANTINE : 1));
+  unsigned n = mld_opt.large_quarantine;   /* option large_quarantine: <= MLD_LARGE_QUARANTINE_MAX (options.c) */
+  if (!n) { large_release(pg); return; }
+  size_t i = (size_t)(mld_random64() % n);
   pthread_mutex_lock(&quarantine_lock);
   page_t *out = quarantine[i];
   quarantine[i] = pg;
@@ -101,6 +103,7 @@ void mld_large_free(heap_t *h, page_t *pg, void *p) {
     return;
   }
 #endif
+  if (mld_junk_free_on()) memset(p, MLD_JUNK_FREE_BYTE, pg->large_size);   /* still ours: before it is given back */
   MLD_STAT_ADD(h, large_nfree, 1);
   MLD_STAT_ADD(h, large_bytes_free, pg->large_size);
   arena_t *a = segment_of(pg)->arena;
@@ -393,6 +396,7 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
   bool owned = mld_owned(seg) && segment_of(p) == seg;
   if (owned && mld_opt.dirty_decay_ms != 0 && seg->map_size <= mld_opt.huge_cache_max &&
       atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
+    if (mld_junk_free_on()) memset(p, MLD_JUNK_FREE_BYTE, seg->user_size);   /* cached, mapped: filled (unmapped: not) */
 #ifdef MALLARD_SECURE
     /* Cached: wiped and inaccessible past its header until it is handed out again (mld_huge_alloc). */
     noaccess((uint8_t *)seg + MLD_HUGE_HEADER, seg->map_size - MLD_HUGE_HEADER, seg->user_size, p, seg->user_size);

@@ -51,6 +51,7 @@ static const size_t live_layout[] = {
   offsetof(arena_t, npurge_passes), offsetof(arena_t, large_active), sizeof(lock_stats_t),
   sizeof(options_t), offsetof(options_t, page_slots), offsetof(options_t, huge_cache_max),
   offsetof(options_t, page_cache), offsetof(options_t, stats_print_opts), offsetof(options_t, zero_on_free),
+  offsetof(options_t, secure_noaccess_min), offsetof(options_t, junk),
   sizeof(prof_options_t), offsetof(prof_options_t, prefix),
 };
 

@@ -4,6 +4,8 @@
 #include "internal.h"
 #include "mallard.h"
 #include "prof.h"
+#include "secure.h"
+#include "junk.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <errno.h>
@@ -22,7 +24,7 @@ extern const char *malloc_conf __attribute__((weak));
 
 static const char *const thp_names[] = { "default", "madvise", "always", "never" };   /* thp -1 is "never" */
 
-enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE, T_PROF };
+enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE, T_PROF, T_SECURE, T_JUNK };
 typedef struct opt_desc_s {
   const char *name;
   int type;
@@ -48,6 +50,19 @@ static const opt_desc_t descs[] = {
   { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS, "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16)" },
   { "page_cache", T_UINT, 0, 64, "an integer 0..64 (empty 64 KiB pages kept per thread)" },
   { "huge_cache_max", T_SIZE, 0, 1L << 40, "a size in bytes, with optional K, M or G (0: no cache)" },
+  /* the secure variant's defences (parsed by apply_secure): the fast variant takes only their "off" values */
+#ifdef MALLARD_SECURE
+  { "guard_slab_interval", T_SECURE, 0, 1024, "an integer 0..1024 (slots; 0: no guard slabs)" },
+  { "secure_noaccess_min", T_SECURE, 0, 1L << 40, "a size in bytes 0..1T, with optional K, M or G, or none" },
+  { "large_quarantine", T_SECURE, 0, MLD_LARGE_QUARANTINE_MAX, "an integer 0..64 (0: no quarantine)" },
+  { "delayed_reuse", T_SECURE, 0, 1, "true or false" },
+#else
+  { "guard_slab_interval", T_SECURE, 0, 1024, "0 (guard slabs need the secure variant, libmallard-secure)" },
+  { "secure_noaccess_min", T_SECURE, 0, 1L << 40, "none (freed blocks made inaccessible need the secure variant, libmallard-secure)" },
+  { "large_quarantine", T_SECURE, 0, MLD_LARGE_QUARANTINE_MAX, "0 (the large quarantine needs the secure variant, libmallard-secure)" },
+  { "delayed_reuse", T_SECURE, 0, 1, "false (delayed reuse needs the secure variant, libmallard-secure)" },
+#endif
+  { "junk", T_JUNK, 0, 3, "alloc, free, true or false" },
   /* heap profiling (prof.h; parsed by apply_prof) */
   { "prof", T_PROF, 0, 1, "true or false" },
   { "prof_active", T_PROF, 0, 1, "true or false" },
@@ -74,6 +89,18 @@ static void set_defaults(void) {
   mld_opt.stats_print_opts[0] = 0;
   mld_opt.huge_cache_max = 256u << 20;
   mld_opt.page_cache = 4;
+#ifdef MALLARD_SECURE
+  mld_opt.guard_slab_interval = MLD_GUARD_SLAB_INTERVAL;
+  mld_opt.secure_noaccess_min = MLD_SECURE_NOACCESS_MIN;
+  mld_opt.large_quarantine = MLD_LARGE_QUARANTINE;
+  mld_opt.delayed_reuse = MLD_DELAYED_REUSE;
+#else
+  mld_opt.guard_slab_interval = 0;
+  mld_opt.secure_noaccess_min = SIZE_MAX;
+  mld_opt.large_quarantine = 0;
+  mld_opt.delayed_reuse = false;
+#endif
+  mld_opt.junk = 0;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     size_t bs = mld_class_size[c];
     /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, at most 1 MiB. */
@@ -97,7 +124,7 @@ typedef struct conf_src_s {
  * jemalloc source is ignored and named in one line on stderr. */
 static const char *const jemalloc_keys[] = { "narenas", "dirty_decay_ms", "background_thread", "retain", "thp",
                                              "abort_conf", "stats_print", "prof", "prof_active", "prof_final",
-                                             "prof_leak", "prof_prefix" };
+                                             "prof_leak", "prof_prefix", "junk" };
 
 /* The keys of one jemalloc source that were ignored, comma-separated (cut at the buffer's end, with "..."). */
 static char ignored_buf[256];
@@ -120,7 +147,8 @@ static void note_ignored(const char *k, size_t kl) {
 
 static const char *const known_keys =
     "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
-    "stats_print_opts, slab_sizes, page_cache, huge_cache_max, prof, prof_active, prof_sample, prof_final, prof_leak, "
+    "stats_print_opts, slab_sizes, page_cache, huge_cache_max, guard_slab_interval, secure_noaccess_min, "
+    "large_quarantine, delayed_reuse, junk, prof, prof_active, prof_sample, prof_final, prof_leak, "
     "prof_prefix, prof_interval, prof_signal, prof_seed";
 
 /* One line per problem: where, which key, which value (not from a file), what is accepted. known: the key is one of
@@ -239,6 +267,37 @@ static bool apply_prof(const opt_desc_t *d, const char *v, size_t vl) {
   return true;
 }
 
+/* The secure variant's defences (into mld_opt): 1 applied, 0 bad value, -1 a valid value the fast variant cannot
+ * honour (it has none of these defences: it takes only the value that says so, as with zero_on_free:true). */
+static int apply_secure(const opt_desc_t *d, const char *v, size_t vl) {
+  const char *n = d->name;
+  long x;
+  bool b;
+  if (!strcmp(n, "delayed_reuse")) {
+    if (!parse_bool(v, vl, &b)) return 0;
+    if (!MLD_SECURE_BUILD && b) return -1;
+    mld_opt.delayed_reuse = b;
+    return 1;
+  }
+  if (!strcmp(n, "secure_noaccess_min")) {
+    size_t min = SIZE_MAX;   /* none: no freed block is made inaccessible */
+    if (!(vl == 4 && !memcmp(v, "none", 4))) {
+      if (!parse_size(v, vl, &x) || x < d->lo || x > d->hi) return 0;
+      min = (size_t)x;
+    }
+    if (!MLD_SECURE_BUILD && min != SIZE_MAX) return -1;
+    mld_opt.secure_noaccess_min = min;
+    return 1;
+  }
+  if (!parse_long(v, vl, &x) || x < d->lo || x > d->hi) return 0;
+  if (!MLD_SECURE_BUILD && x) return -1;
+  if (!strcmp(n, "guard_slab_interval")) mld_opt.guard_slab_interval = (unsigned)x;
+  else mld_opt.large_quarantine = (unsigned)x;   /* <= MLD_LARGE_QUARANTINE_MAX: the quarantine's array */
+  return 1;
+}
+
+static const char *const junk_names[] = { "false", "alloc", "free", "true" };   /* index: MLD_JUNK_* bits */
+
 /* jemalloc's lg_prof_sample:N (2^N bytes between samples) and lg_prof_interval:N (-1: off). */
 static bool apply_jemalloc_lg(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
   bool interval = key_is(k, kl, "lg_prof_interval");
@@ -319,6 +378,20 @@ static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v
     break;
   case T_PROF:
     ok = apply_prof(d, v, vl);
+    break;
+  case T_SECURE: {
+    int r = apply_secure(d, v, vl);
+    if (r < 0) {   /* never claim a defence this variant does not have */
+      conf_error(src, k, kl, true, v, vl, "option not available in this variant", d->accepts);
+      return;
+    }
+    ok = r > 0;
+    break;
+  }
+  case T_JUNK:
+    ok = false;
+    for (unsigned i = 0; i < 4; i++)
+      if (strlen(junk_names[i]) == vl && !memcmp(junk_names[i], v, vl)) { mld_opt.junk = (uint8_t)i; ok = true; }
     break;
   }
   if (!ok) conf_error(src, k, kl, true, v, vl, "bad value for option", d->accepts);
@@ -450,6 +523,10 @@ void mld_options_init(void) {
   read_conf_file();
   const char *env = secure_getenv("MALLARD_CONF");
   if (env) parse_conf(&envsrc, env, strlen(env));
+#ifdef MALLARD_SECURE
+  mld_opt.owner_free_flags = (uint8_t)((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free ? MLD_OWNER_FREE_WIPE : 0) |
+                                       (mld_opt.delayed_reuse ? 0 : MLD_OWNER_FREE_FIRST));
+#endif
   if (bad_conf && mld_opt.abort_conf) mld_fatal("mallard: invalid configuration and abort_conf:true; aborting\n");
 }
 
@@ -493,6 +570,11 @@ size_t mld_options_format_of(const options_t *o, const prof_options_t *po, unsig
     c = e + 1;
   }
   put(&f, ",page_cache:%u,huge_cache_max:%zu", o->page_cache, o->huge_cache_max);
+  /* secure_noaccess_min: no block is larger than MLD_MAX_REQUEST, so any minimum above it means none */
+  if (o->secure_noaccess_min > MLD_MAX_REQUEST) put(&f, ",guard_slab_interval:%u,secure_noaccess_min:none", o->guard_slab_interval);
+  else put(&f, ",guard_slab_interval:%u,secure_noaccess_min:%zu", o->guard_slab_interval, o->secure_noaccess_min);
+  put(&f, ",large_quarantine:%u,delayed_reuse:%s,junk:%s", o->large_quarantine, tf(o->delayed_reuse),
+      junk_names[o->junk & 3]);
   put(&f, ",prof:%s,prof_active:%s,prof_sample:%zu,prof_final:%s,prof_leak:%s,prof_prefix:%s,prof_interval:%zu,"
           "prof_signal:%s,prof_seed:%llu",
       tf(po->prof), tf(po->active), po->sample, tf(po->final), tf(po->leak), prefix, po->interval,

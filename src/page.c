@@ -1,5 +1,6 @@
 /* page.c — a small page (slab) of one size class and its two free lists: the owner's `free` and the atomic `thread_free`. */
 #include "internal.h"
+#include "junk.h"
 #include "secure.h"
 
 /* The page every empty heap bin points at: its free list is always empty, so malloc falls into the slow path. */
@@ -17,6 +18,7 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->reserved = (uint32_t)(bytes / pg->block_size);
   pg->size_class = (uint8_t)cls;
   pg->in_full = 0;
+  pg->junk_free = (mld_opt.junk & MLD_JUNK_FREE) != 0;   /* owner frees take the slow path, which fills (api.c) */
   pg->keep_check = pg->slot_count > 1;
   pg->keep_on_empty = 0;
   pg->next = pg->prev = NULL;

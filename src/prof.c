@@ -11,7 +11,7 @@
 prof_options_t mld_prof_opt;
 #ifndef MLD_TLS_PROF_LEFT
 #ifndef MLD_TLS_PROF_LEFT   /* else it lives beside the heap pointer (internal.h: mld_tls) */
-__thread uint64_t mld_prof_left;             /* 0 in a new thread: its first allocation initialises it */
+__thread uint64_t mld_prof_left = (uint64_t)-1;   /* negative in a new thread: its first allocation initialises it */
 #endif
 #endif
 __thread bool mld_prof_busy;

@@ -26,7 +26,8 @@ MLD_HIDDEN void mld_prof_options_defaults(void);
 
 /* The sampling countdown: bytes still to be allocated by this thread before the next sampled byte. Every allocation
  * subtracts its request size; when it goes negative the allocation takes the slow path (mld_prof_take). A new
- * thread's countdown is 0, so its first allocation initialises it; with prof:false it is set to 2^63-1. */
+ * thread's countdown is -1, so its first allocation (of any size) initialises it; with prof:false it is set to
+ * 2^63-1. */
 #ifdef MLD_TLS_PROF_LEFT   /* internal.h keeps it beside the heap pointer: one TLS address serves both */
 #define mld_prof_left MLD_TLS_PROF_LEFT
 #else

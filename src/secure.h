@@ -11,8 +11,8 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
-/* Tunables of the secure variant: named constants until they become options (docs/SECURITY.md gives their cost;
- * a build may set them with -D to measure one feature at a time). */
+/* Defaults of the secure variant's options guard_slab_interval, secure_noaccess_min, large_quarantine and
+ * delayed_reuse (options.c; docs/SECURITY.md gives their cost): a build may change a default with -D. */
 #ifndef MLD_GUARD_SLAB_INTERVAL
 #define MLD_GUARD_SLAB_INTERVAL 4            /* a small page whose span ends on a multiple of this many slots ends
                                               * in a guard page (hardened_malloc's guard slabs); 0: none */
@@ -21,13 +21,17 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0
 #define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large and huge blocks from this size: purged and PROT_NONE */
 #endif
 #ifndef MLD_LARGE_QUARANTINE
-#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back; 0: none */
+#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back; 0: none
+                                              * (at most MLD_LARGE_QUARANTINE_MAX) */
 #endif
 #ifndef MLD_ZERO_ON_FREE_ALWAYS
 #define MLD_ZERO_ON_FREE_ALWAYS 0            /* 1: wipe on every free whatever zero_on_free says (cost measurement) */
 #endif
 #ifndef MLD_DELAYED_REUSE
 #define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
+#endif
+#if MLD_LARGE_QUARANTINE > MLD_LARGE_QUARANTINE_MAX
+#error "MLD_LARGE_QUARANTINE exceeds the quarantine's array (MLD_LARGE_QUARANTINE_MAX)"
 #endif
 #define MLD_CANARY 8                                          /* bytes reserved at the end of a small block */
 #define MLD_CANARY_MAX 4096                                   /* classes up to this size carry a canary, larger ones not */
@@ -185,9 +189,13 @@ static inline void secure_check_free(const page_t *pg, const void *b) {
 }
 /* A small block is freed (by its owner or by another thread): the checks above, and its bit cleared at once,
  * atomically (of two frees of one block, however they interleave, exactly one finds it live). */
-static inline void secure_release(const page_t *pg, const void *b) {
+static inline void secure_release_check(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_release(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+}
+/* The same and zero_on_free's wipe (remote frees; the owner's free tests owner_free_flags instead). */
+static inline void secure_release(const page_t *pg, const void *b) {
+  secure_release_check(pg, b);
   if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
 }
 #else
@@ -207,13 +215,20 @@ static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
   /* Delayed reuse: the block goes in second place, so the next malloc of the class does not return the block
    * just freed (unless it is the page's only free block). Links are not bound to their place: head's stored
    * link moves to b as it is. */
-  secure_release(pg, b);
+  secure_release_check(pg, b);
   block_t *head = pg->free;
-  if (MLD_DELAYED_REUSE && likely(head != NULL)) {
+  /* zero_on_free and delayed_reuse:false in one byte (options.c): the default path tests one byte for both. */
+  if (unlikely(mld_opt.owner_free_flags)) {
+    /* read again (relaxed atomic: not merged with the test above, which stays one compare with memory) */
+    uint8_t f = __atomic_load_n(&mld_opt.owner_free_flags, __ATOMIC_RELAXED);
+    if (f & MLD_OWNER_FREE_WIPE) secure_wipe(b, pg->block_size);
+    if (f & MLD_OWNER_FREE_FIRST) head = NULL;   /* no delayed reuse: pushed first, as an empty list's block is */
+  }
+  if (likely(head != NULL)) {
     b->next = head->next;
     blk_set_next(pg, head, b);
   } else {
-    blk_set_next(pg, b, head);
+    blk_set_next(pg, b, pg->free);
     pg->free = b;
   }
 #else

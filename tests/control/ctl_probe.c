@@ -33,6 +33,11 @@ static void print_opts(void) {
   len = sizeof u; mallard_ctl("opt.page_cache", &u, &len, NULL, 0); printf("page_cache=%u\n", u);
   len = sizeof z; mallard_ctl("opt.huge_cache_max", &z, &len, NULL, 0); printf("huge_cache_max=%zu\n", z);
   len = sizeof b; mallard_ctl("opt.zero_on_free", &b, &len, NULL, 0); printf("zero_on_free=%d\n", b);
+  len = sizeof u; mallard_ctl("opt.guard_slab_interval", &u, &len, NULL, 0); printf("guard_slab_interval=%u\n", u);
+  len = sizeof z; mallard_ctl("opt.secure_noaccess_min", &z, &len, NULL, 0); printf("secure_noaccess_min=%zu\n", z);
+  len = sizeof u; mallard_ctl("opt.large_quarantine", &u, &len, NULL, 0); printf("large_quarantine=%u\n", u);
+  len = sizeof b; mallard_ctl("opt.delayed_reuse", &b, &len, NULL, 0); printf("delayed_reuse=%d\n", b);
+  len = sizeof s; mallard_ctl("opt.junk", &s, &len, NULL, 0); printf("junk=%s\n", s);
   unsigned n; len = sizeof n; mallard_ctl("arenas.nclasses", &n, &len, NULL, 0);
   for (unsigned c = 0; c < n; c++) {
     char name[64]; size_t sz, pb;

@@ -10,6 +10,9 @@ from conftest import parse_opts
 DEFAULTS = {
     "dirty_decay_ms": "1000", "background_thread": "1", "retain": "0", "thp": "default", "verbose": "0",
     "abort_conf": "0", "stats_print": "0", "stats_print_opts": "", "page_cache": "4", "huge_cache_max": str(256 << 20),
+    # the secure variant's defences, held off in the fast variant (secure_noaccess_min: none is SIZE_MAX)
+    "guard_slab_interval": "0", "secure_noaccess_min": str(2**64 - 1), "large_quarantine": "0", "delayed_reuse": "0",
+    "junk": "false",
 }
 
 VALID = [
@@ -30,12 +33,24 @@ VALID = [
     ("page_cache:64", "page_cache", "64"),
     ("huge_cache_max:16M", "huge_cache_max", str(16 << 20)),
     ("huge_cache_max:0", "huge_cache_max", "0"),
+    ("junk:true", "junk", "true"),
+    ("junk:alloc", "junk", "alloc"),
+    ("junk:free", "junk", "free"),
+    ("junk:false", "junk", "false"),
+    # the fast variant takes the secure defences' "off" values (what it has) without a word
+    ("guard_slab_interval:0", "guard_slab_interval", "0"),
+    ("secure_noaccess_min:none", "secure_noaccess_min", str(2**64 - 1)),
+    ("large_quarantine:0", "large_quarantine", "0"),
+    ("delayed_reuse:false", "delayed_reuse", "0"),
 ]
 
 INVALID = [
     ("narenas", "x"), ("narenas", "65"), ("narenas", "-1"), ("dirty_decay_ms", "soon"), ("dirty_decay_ms", "-2"),
     ("background_thread", "yes"), ("retain", "2"), ("thp", "sometimes"), ("verbose", ""), ("abort_conf", "maybe"),
     ("stats_print", "TRUE"), ("stats_print_opts", "Z"), ("page_cache", "65"), ("huge_cache_max", "12X"),
+    ("junk", "yes"), ("junk", "TRUE"), ("junk", ""), ("guard_slab_interval", "x"), ("guard_slab_interval", "-1"),
+    ("guard_slab_interval", "1025"), ("secure_noaccess_min", "12X"), ("secure_noaccess_min", "2T"),
+    ("large_quarantine", "65"), ("large_quarantine", "many"), ("delayed_reuse", "perhaps"),
     ("slab_sizes", "1-4096"), ("slab_sizes", "4096-1:2"), ("slab_sizes", "1-1024:17"), ("slab_sizes", "200K-256K:1"),
 ]
 
@@ -245,17 +260,33 @@ def test_zero_on_free_false_accepted(probe):
     assert not mallard_lines(r.stderr) and parse_opts(r.stdout)["zero_on_free"] == "0"
 
 
+@pytest.mark.parametrize("conf,key", [("guard_slab_interval:4", "guard_slab_interval"),
+                                      ("secure_noaccess_min:256K", "secure_noaccess_min"),
+                                      ("secure_noaccess_min:0", "secure_noaccess_min"),
+                                      ("large_quarantine:8", "large_quarantine"),
+                                      ("delayed_reuse:true", "delayed_reuse")])
+def test_secure_defences_refused_by_fast_variant(probe, conf, key):
+    """The fast variant has none of the secure defences: asked for one, it says so in one line and keeps it off."""
+    r = probe("opts", conf=conf)
+    lines = mallard_lines(r.stderr)
+    assert len(lines) == 1 and f"'{key}'" in lines[0] and "not available in this variant" in lines[0], r.stderr
+    assert "secure variant" in lines[0]
+    assert parse_opts(r.stdout)[key] == DEFAULTS[key]
+
+
 # ---- the printed options are in the parser's own syntax ----
 
 CUSTOM = ("narenas:3,dirty_decay_ms:250,background_thread:false,retain:true,thp:never,page_cache:9,"
-          "huge_cache_max:3M,stats_print_opts:Jb,slab_sizes:1-1024:2|8K-64K:16")
+          "huge_cache_max:3M,stats_print_opts:Jb,slab_sizes:1-1024:2|8K-64K:16,junk:alloc")
 
 
 def test_verbose_line_is_valid_configuration(probe):
     r = probe("opts", conf="verbose:true," + CUSTOM)
     line = [l for l in r.stderr.splitlines() if l.startswith("mallard ")][0]
     printed = line.split(": ", 1)[1]
-    for key in ("thp:never", "slab_sizes:", "page_cache:9", "huge_cache_max:3145728", "zero_on_free:false"):
+    for key in ("thp:never", "slab_sizes:", "page_cache:9", "huge_cache_max:3145728", "zero_on_free:false",
+                "guard_slab_interval:0", "secure_noaccess_min:none", "large_quarantine:0", "delayed_reuse:false",
+                "junk:alloc"):
         assert key in printed, printed
     again = probe("opts", conf=printed)
     assert not [l for l in again.stderr.splitlines() if l.startswith("mallard:")], again.stderr

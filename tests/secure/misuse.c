@@ -80,6 +80,96 @@ static int reported_bool(const char *name) {
   return v;
 }
 
+
+/* mallard_ctl, looked up (the program does not link Mallard): 0 or an errno value. */
+static int ctl_read(const char *name, void *out, size_t len) {
+  int (*ctl)(const char *, void *, size_t *, void *, size_t) =
+      (int (*)(const char *, void *, size_t *, void *, size_t))dlsym(RTLD_DEFAULT, "mallard_ctl");
+  return ctl ? ctl(name, out, &len, NULL, 0) : -1;
+}
+
+/* What bytes [from, to) of p hold, read through a volatile pointer: "alloc" (all 0xa5, junk's allocation
+ * pattern), "free" (all 0x5a), "zero", "mine" (all 0x11, what the program wrote) or "mixed". */
+static const char *verdict(const void *p, size_t from, size_t to) {
+  const volatile unsigned char *b = opaque((void *)p);
+  unsigned char first = b[from];
+  for (size_t i = from + 1; i < to; i++)
+    if (b[i] != first) return "mixed";
+  return first == 0xa5 ? "alloc" : first == 0x5a ? "free" : first == 0 ? "zero" : first == 0x11 ? "mine" : "mixed";
+}
+
+/* junk: one line per allocator path, "PATH VERDICT" (verdict above). Freed memory is read only where it stays
+ * mapped and readable: small blocks (past their first 8 bytes, the free-list link; 16 for a remote free, whose
+ * batch head holds two words in the fast variant), and large and huge blocks when read_big_freed (the fast
+ * variant keeps them mapped; the secure variant with secure_noaccess_min above their size). */
+/* A new thread's first allocation is of 0 bytes: it gets a block of 16 usable bytes or more, which junk fills too. */
+static void *first_malloc0(void *arg) {
+  (void)arg;
+  char *q = opaque(malloc(0));
+  printf("small-new-thread-malloc0 %s\n", verdict(q, 0, malloc_usable_size(q)));
+  free(q);
+  return NULL;
+}
+
+static void junk_paths(bool read_big_freed) {
+  run_thread(first_malloc0);
+  char *q = opaque(malloc(100));
+  printf("small-new %s\n", verdict(q, 0, 100));
+  opaque_memset(q, 0x11, 100);
+  free(q);
+  printf("small-freed %s\n", verdict(q, 8, 100));
+  q = opaque(calloc(1, 100));
+  printf("small-calloc %s\n", verdict(q, 0, 100));
+  free(q);
+  q = opaque(malloc(200));
+  opaque_memset(q, 0x11, 200);
+  shared = q;
+  run_thread(remote_free);
+  printf("small-remote-freed %s\n", verdict(q, 16, 192));   /* the fast variant's batch head: 2 words */
+  size_t big = 512u << 10;
+  q = opaque(malloc(big));
+  printf("large-new %s\n", verdict(q, 0, big));
+  opaque_memset(q, 0x11, big);
+  free(q);
+  if (read_big_freed) printf("large-freed %s\n", verdict(q, 0, big));
+  q = opaque(calloc(1, big));
+  printf("large-calloc %s\n", verdict(q, 0, big));
+  free(q);
+  size_t huge = 8u << 20;
+  q = opaque(malloc(huge));
+  printf("huge-new %s\n", verdict(q, 0, huge));
+  opaque_memset(q, 0x11, huge);
+  free(q);
+  if (read_big_freed) printf("huge-freed %s\n", verdict(q, 0, huge));
+  q = opaque(calloc(1, huge));
+  printf("huge-calloc %s\n", verdict(q, 0, huge));
+  free(q);
+  /* realloc: the copied part is the program's, the growth tail is new memory, the old block (moved) is freed. */
+  char *o = opaque(malloc(40));
+  opaque_memset(o, 0x11, 40);
+  q = opaque(realloc(o, 1000));
+  printf("realloc-small-kept %s\n", verdict(q, 0, 40));
+  printf("realloc-small-tail %s\n", verdict(q, 40, 1000));
+  if (q != o) printf("realloc-small-old %s\n", verdict(o, 8, 40));
+  free(q);
+  o = opaque(malloc(300u << 10));
+  opaque_memset(o, 0x11, 300u << 10);
+  q = opaque(realloc(o, 900u << 10));
+  printf("realloc-large-kept %s\n", verdict(q, 0, 300u << 10));
+  printf("realloc-large-tail %s\n", verdict(q, 300u << 10, 900u << 10));
+  /* Shrunk in place: what stays of the bytes given up reads as freed. */
+  o = q;
+  q = opaque(realloc(o, 400u << 10));
+  printf("realloc-large-shrink %s\n", q == o ? verdict(q, 400u << 10, malloc_usable_size(q)) : "moved");
+  free(q);
+  o = opaque(malloc(5u << 20));
+  opaque_memset(o, 0x11, 5u << 20);
+  q = opaque(realloc(o, 9u << 20));
+  printf("realloc-huge-kept %s\n", verdict(q, 0, 5u << 20));
+  printf("realloc-huge-tail %s\n", verdict(q, 5u << 20, 9u << 20));
+  free(q);
+}
+
 int main(int argc, char **argv) {
   const char *m = argc > 1 ? argv[1] : "";
   char *p = malloc(40);
@@ -316,6 +406,30 @@ int main(int argc, char **argv) {
     if (bad >= 0) printf("not wiped at %d\n", bad);
     else printf("wiped\n");
     printf("reported %d\n", reported_bool("opt.zero_on_free"));
+    return 0;
+  } else if (!strcmp(m, "junk") || !strcmp(m, "junk-live")) {
+    junk_paths(m[4] == 0);   /* junk-live: freed large and huge blocks are not read (PROT_NONE in the secure variant) */
+    return 0;
+  } else if (!strcmp(m, "junk-prof")) {
+    /* Sampling still works while junk sends every allocation to the slow path: samples taken of 4096 blocks. */
+    for (int i = 0; i < 4096; i++) free(opaque(malloc(1000)));
+    uint64_t samples = 0;
+    ctl_read("prof.stats.samples", &samples, sizeof samples);
+    printf("%llu\n", (unsigned long long)samples);
+    return 0;
+  } else if (!strcmp(m, "secure-opts")) {
+    /* The secure options as mallard_ctl reports them: guard_slab_interval secure_noaccess_min large_quarantine
+     * delayed_reuse junk. */
+    unsigned g = 99, lq = 99;
+    size_t nm = 0;
+    bool dr = false;
+    const char *junk = "?";
+    ctl_read("opt.guard_slab_interval", &g, sizeof g);
+    ctl_read("opt.secure_noaccess_min", &nm, sizeof nm);
+    ctl_read("opt.large_quarantine", &lq, sizeof lq);
+    ctl_read("opt.delayed_reuse", &dr, sizeof dr);
+    ctl_read("opt.junk", &junk, sizeof junk);
+    printf("%u %zu %u %d %s\n", g, nm, lq, (int)dr, junk);
     return 0;
   } else {
     fprintf(stderr, "unknown misuse %s\n", m);
