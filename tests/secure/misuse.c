@@ -111,6 +111,18 @@ static void *first_malloc0(void *arg) {
   return NULL;
 }
 
+/* junk on one big path (large or huge): a new block, its freed contents (when readable), a calloc'd block. */
+static void junk_big(const char *path, size_t n, bool read_freed) {
+  char *q = opaque(malloc(n));
+  printf("%s-new %s\n", path, verdict(q, 0, n));
+  opaque_memset(q, 0x11, n);
+  free(q);
+  if (read_freed) printf("%s-freed %s\n", path, verdict(q, 0, n));
+  q = opaque(calloc(1, n));
+  printf("%s-calloc %s\n", path, verdict(q, 0, n));
+  free(q);
+}
+
 static void junk_paths(bool read_big_freed) {
   run_thread(first_malloc0);
   char *q = opaque(malloc(100));
@@ -126,24 +138,8 @@ static void junk_paths(bool read_big_freed) {
   shared = q;
   run_thread(remote_free);
   printf("small-remote-freed %s\n", verdict(q, 16, 192));   /* the fast variant's batch head: 2 words */
-  size_t big = 512u << 10;
-  q = opaque(malloc(big));
-  printf("large-new %s\n", verdict(q, 0, big));
-  opaque_memset(q, 0x11, big);
-  free(q);
-  if (read_big_freed) printf("large-freed %s\n", verdict(q, 0, big));
-  q = opaque(calloc(1, big));
-  printf("large-calloc %s\n", verdict(q, 0, big));
-  free(q);
-  size_t huge = 8u << 20;
-  q = opaque(malloc(huge));
-  printf("huge-new %s\n", verdict(q, 0, huge));
-  opaque_memset(q, 0x11, huge);
-  free(q);
-  if (read_big_freed) printf("huge-freed %s\n", verdict(q, 0, huge));
-  q = opaque(calloc(1, huge));
-  printf("huge-calloc %s\n", verdict(q, 0, huge));
-  free(q);
+  junk_big("large", 512u << 10, read_big_freed);
+  junk_big("huge", 8u << 20, read_big_freed);
   /* realloc: the copied part is the program's, the growth tail is new memory, the old block (moved) is freed. */
   char *o = opaque(malloc(40));
   opaque_memset(o, 0x11, 40);
