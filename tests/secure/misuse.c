@@ -123,6 +123,18 @@ static void junk_big(const char *path, size_t n, bool read_freed) {
   free(q);
 }
 
+/* junk across realloc growth from `from` bytes the program wrote to `to` bytes: the kept part, the new tail and, when
+ * read_old and the block moved, the old copy past its link word. Returns the grown block. */
+static char *junk_grow(const char *path, size_t from, size_t to, bool read_old) {
+  char *o = opaque(malloc(from));
+  opaque_memset(o, 0x11, from);
+  char *q = opaque(realloc(o, to));
+  printf("realloc-%s-kept %s\n", path, verdict(q, 0, from));
+  printf("realloc-%s-tail %s\n", path, verdict(q, from, to));
+  if (read_old && q != o) printf("realloc-%s-old %s\n", path, verdict(o, 8, from));
+  return q;
+}
+
 static void junk_paths(bool read_big_freed) {
   run_thread(first_malloc0);
   char *q = opaque(malloc(100));
@@ -141,29 +153,13 @@ static void junk_paths(bool read_big_freed) {
   junk_big("large", 512u << 10, read_big_freed);
   junk_big("huge", 8u << 20, read_big_freed);
   /* realloc: the copied part is the program's, the growth tail is new memory, the old block (moved) is freed. */
-  char *o = opaque(malloc(40));
-  opaque_memset(o, 0x11, 40);
-  q = opaque(realloc(o, 1000));
-  printf("realloc-small-kept %s\n", verdict(q, 0, 40));
-  printf("realloc-small-tail %s\n", verdict(q, 40, 1000));
-  if (q != o) printf("realloc-small-old %s\n", verdict(o, 8, 40));
-  free(q);
-  o = opaque(malloc(300u << 10));
-  opaque_memset(o, 0x11, 300u << 10);
-  q = opaque(realloc(o, 900u << 10));
-  printf("realloc-large-kept %s\n", verdict(q, 0, 300u << 10));
-  printf("realloc-large-tail %s\n", verdict(q, 300u << 10, 900u << 10));
+  free(junk_grow("small", 40, 1000, true));
+  char *o = junk_grow("large", 300u << 10, 900u << 10, false);
   /* Shrunk in place: what stays of the bytes given up reads as freed. */
-  o = q;
   q = opaque(realloc(o, 400u << 10));
   printf("realloc-large-shrink %s\n", q == o ? verdict(q, 400u << 10, malloc_usable_size(q)) : "moved");
   free(q);
-  o = opaque(malloc(5u << 20));
-  opaque_memset(o, 0x11, 5u << 20);
-  q = opaque(realloc(o, 9u << 20));
-  printf("realloc-huge-kept %s\n", verdict(q, 0, 5u << 20));
-  printf("realloc-huge-tail %s\n", verdict(q, 5u << 20, 9u << 20));
-  free(q);
+  free(junk_grow("huge", 5u << 20, 9u << 20, false));
 }
 
 int main(int argc, char **argv) {
