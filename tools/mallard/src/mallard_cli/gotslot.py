@@ -83,9 +83,8 @@ def relocations(path: str, symbols=("malloc", "free")) -> _Relocs | None:
         with open(path, "rb") as f:
             elf = ELFFile(f)
             types = _reloc_types(elf["e_machine"])
-            loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-            if types and loads:
-                align = max(loads[0]["p_align"], 1)
+            base = first_load_vaddr(elf)
+            if types and base is not None:
                 slots: dict = {}
                 for sec in elf.iter_sections():
                     if not isinstance(sec, RelocationSection) or sec["sh_link"] == 0:
@@ -100,11 +99,18 @@ def relocations(path: str, symbols=("malloc", "free")) -> _Relocs | None:
                         name = symtab.get_symbol(rel["r_info_sym"]).name
                         if name in symbols and (name not in slots or kind == "JUMP_SLOT"):
                             slots[name] = (kind, rel["r_offset"])
-                info = _Relocs(slots, loads[0]["p_vaddr"] & ~(align - 1), elf.elfclass // 8, elf.little_endian)
+                info = _Relocs(slots, base, elf.elfclass // 8, elf.little_endian)
     except (OSError, ELFError, ValueError, KeyError, IndexError, AttributeError, TypeError):
         info = None
     _cache[key] = info
     return info
+
+
+def first_load_vaddr(elf) -> int | None:
+    """The page-aligned address of an ELF file's first PT_LOAD (an elftools ELFFile): what the file's first mapping
+    at offset 0 corresponds to (load_bias). None without PT_LOAD."""
+    loads = [seg for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"]
+    return loads[0]["p_vaddr"] & ~(max(loads[0]["p_align"], 1) - 1) if loads else None
 
 
 def load_bias(maps: list[MapRange], path: str, min_vaddr: int) -> int | None:

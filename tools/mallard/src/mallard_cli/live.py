@@ -60,34 +60,24 @@ def check_access(pid: int) -> None:
                         f"(you are {_user(me)})", "pid")
 
 
-def _symbol(path: str, name: str) -> int | None:
-    """The value of a defined symbol in the dynamic symbol table, else the full one (a static executable)."""
+def _symbol(path: str, name: str) -> tuple[int | None, int]:
+    """The value of a defined symbol in the dynamic symbol table, else the full one (a static executable), and the
+    file's first PT_LOAD address (gotslot.first_load_vaddr; 0 when unknown), read in one opening of the file."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
+            base = gs.first_load_vaddr(elf) or 0
             for tab in (".dynsym", ".symtab"):
                 sec = elf.get_section_by_name(tab)
                 for s in (sec.get_symbol_by_name(name) or []) if sec is not None else []:
                     if s["st_shndx"] != "SHN_UNDEF" and s["st_value"]:
-                        return s["st_value"]
+                        return s["st_value"], base
+            return None, base
     except (OSError, ELFError, ValueError, KeyError, IndexError, AttributeError, TypeError):
-        return None
-    return None
-
-
-def _min_vaddr(path: str) -> int | None:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    try:
-        with open(path, "rb") as f:
-            loads = [s for s in ELFFile(f).iter_segments() if s["p_type"] == "PT_LOAD"]
-            return loads[0]["p_vaddr"] & ~(max(loads[0]["p_align"], 1) - 1) if loads else None
-    except (OSError, ELFError, ValueError, KeyError, IndexError, AttributeError, TypeError):
-        return None
+        return None, 0
 
 
 def _file_of(pid: int, maps_text: str, obj: str) -> str:
@@ -131,7 +121,7 @@ def locate(pid: int) -> Target:
                         "allocator")
     if name in ("glibc", "glibc-malloc-debug"):
         raise LiveError(f"process {pid} uses glibc malloc ({obj}), not Mallard", "allocator")
-    sym = _symbol(obj, ROOT)
+    sym, min_vaddr = _symbol(obj, ROOT)
     if sym is None:
         if obj == exe:
             raise LiveError(f"process {pid} uses an allocator linked into its executable {exe}, not Mallard (or a "
@@ -140,7 +130,7 @@ def locate(pid: int) -> Target:
             raise LiveError(f"process {pid} uses {obj}, a Mallard built without live statistics ({ROOT} missing): "
                             "an older version", "allocator")
         raise LiveError(f"process {pid} uses {name} ({obj}), not Mallard", "allocator")
-    bias = gs.load_bias(gs.parse_maps(maps_text), obj, _min_vaddr(obj) or 0)
+    bias = gs.load_bias(gs.parse_maps(maps_text), obj, min_vaddr)
     if bias is None:
         raise LiveError(f"cannot find where {obj} is mapped in process {pid}", "pid")
     readers = []
@@ -149,7 +139,7 @@ def locate(pid: int) -> Target:
     else:  # a static link: a Mallard library of the same build reads it (mallard_live_stats checks the layout)
         from . import allocators as al
 
-        readers += [path for _, path in al.mallard_variants() if path and _symbol(path, READER)]
+        readers += [path for _, path in al.mallard_variants() if path and _symbol(path, READER)[0]]
         if not readers:
             raise LiveError(f"process {pid} links Mallard statically; reading it needs libmallard.so of the same "
                             "build, and none is found (build it, or set MALLARD_BUILD_DIR)", "allocator")
