@@ -137,8 +137,8 @@ static segment_t *segment_new(arena_t *a) {
   if (mld_opt.thp) mld_os_thp(seg, MLD_SEGMENT_SIZE, false);
   mld_os_name(seg, MLD_SEGMENT_SIZE, "mallard");
 #ifdef MALLARD_SECURE
-  /* Metadata lives apart from user data: the tail of slot 0 is a guard between them. */
-  mprotect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_SLOT_SIZE - MLD_GUARD_OFFSET, PROT_NONE);
+  /* Metadata lives apart from user data: the tail of the metadata slots is a guard between them. */
+  mprotect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_FIRST_SLOT * MLD_SLOT_SIZE - MLD_GUARD_OFFSET, PROT_NONE);
 #endif
   seg->kind = SEG_NORMAL;
   seg->arena = a;

@@ -161,13 +161,13 @@ bool mld_heap_bind_arena(heap_t *h, unsigned index) {
 }
 
 #ifdef MALLARD_SECURE
-/* An empty page has no live block: its allocation bits must all be clear (a bookkeeping check). */
+/* An empty page has no live block and none waiting as a remote free: the bits of both bitmaps are all clear (a
+ * bookkeeping check). */
 static void secure_check_empty(const page_t *pg) {
   uint8_t *start = page_start(pg);
-  uint64_t bit;
-  _Atomic(uint64_t) *w = bm_word(start, &bit);
+  uint64_t *live = bm_word(start), *remote = bm_remote_word(live);
   for (size_t i = 0; i < ((size_t)pg->slot_count << MLD_SLOT_SHIFT) / 1024; i++)
-    if (atomic_load_explicit(&w[i], memory_order_relaxed)) mld_secure_fail("live block in a page being released:", start + i * 1024);
+    if (bm_load(&live[i]) | bm_load(&remote[i])) mld_secure_fail("live block in a page being released:", start + i * 1024);
 }
 #endif
 
@@ -462,7 +462,7 @@ void mld_free_remote(page_t *pg, void *p) {
   heap_t *h = mld_tls_heap;
   block_t *b = p;
 #ifdef MALLARD_SECURE
-  secure_release(pg, b);   /* its bit is cleared now: a second free, by any thread, is caught even while it waits */
+  secure_remote_release(pg, b);   /* remote bit set now: a second free, by any thread, is caught even while it waits */
 #endif
   /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
    * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */

@@ -22,7 +22,11 @@
 #define MLD_SLOT_SHIFT 16                                 /* a segment is cut into 64 KiB slots */
 #define MLD_SLOT_SIZE ((size_t)1 << MLD_SLOT_SHIFT)
 #define MLD_SLOTS (MLD_SEGMENT_SIZE / MLD_SLOT_SIZE)      /* 64; slot 0 holds the segment header */
+#ifdef MALLARD_SECURE
+#define MLD_FIRST_SLOT 2                                  /* secure.h: header, two bitmaps and a guard in slots 0-1 */
+#else
 #define MLD_FIRST_SLOT 1
+#endif
 #define MLD_USABLE_SLOTS (MLD_SLOTS - MLD_FIRST_SLOT)
 #define MLD_OS_PAGE 4096
 #define MLD_MIN_ALIGN 16

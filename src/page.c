@@ -62,16 +62,25 @@ size_t mld_page_collect_remote(page_t *pg) {
   block_t *tail = list;
 #ifdef MALLARD_SECURE
   /* Block by block, trusting no count a block holds: each must be a carved block start of the page (blk_next),
-   * not live (its free cleared its bit: a live one here was handed out meanwhile, through a corrupted list), and
-   * there are at most `used` of them (a longer list has a cycle). */
+   * live and freed by another thread (1,1: secure.h), and there are at most `used` of them (a longer list has a
+   * cycle). Live bits are cleared one by one (plain stores), remote bits a word at a time. */
+  uint64_t *rword = NULL, rmask = 0;
   for (;;) {
-    if (unlikely(bm_test(tail))) mld_secure_fail("a block freed by another thread is live again (use after free?):", tail);
     if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
+    if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
+    uint64_t *rw = bm_remote_word(bm_word(tail)), bit = (uint64_t)1 << (bm_granule(tail) & 63);
+    if (rw != rword) {
+      if (rword && unlikely(!bm_remote_release(rword, rmask))) mld_secure_fail("remote free list corrupted near", tail);
+      rword = rw;
+      rmask = 0;
+    }
+    rmask |= bit;
     block_t *next = blk_next(pg, tail);
     if (!next) break;
     tail = next;
     n++;
   }
+  if (unlikely(!bm_remote_release(rword, rmask))) mld_secure_fail("remote free list corrupted near", tail);
 #else
   /* Batch by batch (outbox.c): each batch's first block gives its last block and its length. */
   n = 0;

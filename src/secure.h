@@ -5,12 +5,13 @@
 
 #define MLD_BITMAP_OFFSET (16 * 1024)                        /* in slot 0, after the segment header */
 #define MLD_BITMAP_BYTES (MLD_SEGMENT_SIZE / 16 / 8)          /* one bit per 16-byte granule: 32 KiB */
-#define MLD_GUARD_OFFSET (MLD_BITMAP_OFFSET + MLD_BITMAP_BYTES) /* rest of slot 0: PROT_NONE in the secure variant */
+#define MLD_REMOTE_OFFSET (MLD_BITMAP_OFFSET + MLD_BITMAP_BYTES) /* the remote-free bitmap, on lines of its own */
+#define MLD_GUARD_OFFSET (MLD_REMOTE_OFFSET + MLD_BITMAP_BYTES) /* rest of slot 1: PROT_NONE in the secure variant */
 _Static_assert(sizeof(segment_t) <= MLD_BITMAP_OFFSET, "segment header ends before the allocation bitmap");
-_Static_assert(MLD_GUARD_OFFSET < MLD_SLOT_SIZE, "bitmap and guard fit in slot 0");
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
+_Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and guard fit in the metadata slots");
 /* Defaults of the secure variant's options guard_slab_interval, secure_noaccess_min, large_quarantine and
  * delayed_reuse (options.c; docs/SECURITY.md gives their cost): a build may change a default with -D. */
 #ifndef MLD_GUARD_SLAB_INTERVAL
@@ -95,61 +96,94 @@ static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
   b->next = (block_t *)link_encode(pg->list_key, n);
 }
 
-/* ---- allocation bitmap: a bit per 16-byte granule, set at the start of every live small block ----
- * The owner sets a bit when it hands a block out; whichever thread frees the block clears it (owner and remote
- * frees alike, so any order of two frees finds the bit clear the second time). Bits of one word belong to blocks
- * of one page but may be cleared by several threads at once: every write is an atomic read-modify-write. */
-static inline _Atomic(uint64_t) *bm_word(const void *p, uint64_t *bit) {
-  segment_t *seg = segment_of(p);
-  size_t g = ((uintptr_t)p - (uintptr_t)seg) >> 4;
-  *bit = (uint64_t)1 << (g & 63);
-  return (_Atomic(uint64_t) *)((uint8_t *)seg + MLD_BITMAP_OFFSET) + (g >> 6);
+/* ---- two bitmaps, a bit per 16-byte granule of the segment, for the small block that starts there ----
+ * live: set while the block is handed out. Written only by whoever holds the block's page (its owner, or a sweep
+ * or an adopter under the locks that keep the owner out): plain loads and stores, no locked instruction. A word
+ * covers 1 KiB and pages start on 64 KiB slots: a word belongs to one page.
+ * remote: set by another thread's free (a locked bit-test-and-set: of two remote frees exactly one finds it
+ * clear), cleared when the page's holder collects the block. On lines of its own: remote frees never write the
+ * owner's lines, and the owner reads them only to check.
+ * A block is (live, remote) = (1,0) handed out, (1,1) freed by another thread and waiting, (0,0) free. A hand-out
+ * requires (0,0), an owner's free (1,0), a remote free remote clear, a collection (1,1): two frees in any order
+ * are caught; an owner's and a remote free racing past each other's checks leave (0,1), which neither a hand-out
+ * nor a collection accepts, so no block is ever handed out twice. */
+static inline uint64_t bm_granule(const void *p) { return ((uintptr_t)p & (MLD_SEGMENT_SIZE - 1)) >> 4; }
+/* The granule index modulo 64 is all a bit test within a word needs: the register forms of bt/bts/btr take their
+ * bit offset modulo 64, so the address shifted right by 4 serves (one instruction less than bm_granule). */
+static inline uint64_t bm_bit_index(const void *p) { return (uintptr_t)p >> 4; }
+static inline uint64_t *bm_word(const void *p) {
+  return (uint64_t *)(((uintptr_t)p & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1)) + MLD_BITMAP_OFFSET) + (bm_granule(p) >> 6);
 }
-static inline bool bm_test(const void *p) {
-  uint64_t bit;
-  _Atomic(uint64_t) *w = bm_word(p, &bit);
-  return atomic_load_explicit(w, memory_order_relaxed) & bit;
+/* The remote word of the same granules: a fixed distance after the live word. */
+static inline uint64_t *bm_remote_word(uint64_t *live_word) { return live_word + MLD_BITMAP_BYTES / 8; }
+/* Relaxed atomic accesses (plain moves): other threads read or set bits of words their page's holder writes. */
+static inline uint64_t bm_load(const uint64_t *w) { return __atomic_load_n(w, __ATOMIC_RELAXED); }
+static inline bool bm_bit(uint64_t v, const void *p) {
+#if defined(__x86_64__)
+  bool set;
+  __asm__("btq %2, %1" : "=@ccc"(set) : "r"(v), "r"(bm_bit_index(p)));
+  return set;
+#else
+  return (v >> (bm_granule(p) & 63)) & 1;
+#endif
+}
+static inline bool bm_live(const void *p) { return bm_bit(bm_load(bm_word(p)), p); }
+static inline bool bm_remote(const void *p) { return bm_bit(bm_load(bm_remote_word(bm_word(p))), p); }
+/* The page's holder hands p out: its live bit set, its remote bit clear; false (nothing written) otherwise. */
+static inline bool bm_claim(const void *p) {
+  uint64_t *w = bm_word(p), v = bm_load(w), r = bm_load(bm_remote_word(w)), g = bm_granule(p);
+  bool was;
+#if defined(__x86_64__)
+  (void)g;
+  __asm__("btsq %2, %1" : "=@ccc"(was), "+r"(v) : "r"(bm_bit_index(p)));
+#else
+  was = (v >> (g & 63)) & 1;
+  v |= (uint64_t)1 << (g & 63);
+#endif
+  if (was || bm_bit(r, p)) return false;
+  __atomic_store_n(w, v, __ATOMIC_RELAXED);
+  return true;
+}
+/* The page's holder takes p back: its live bit cleared; false (nothing written) if it was clear. */
+static inline bool bm_release(const void *p) {
+  uint64_t *w = bm_word(p), v = bm_load(w), g = bm_granule(p);
+  bool was;
+#if defined(__x86_64__)
+  (void)g;
+  __asm__("btrq %2, %1" : "=@ccc"(was), "+r"(v) : "r"(bm_bit_index(p)));
+#else
+  was = (v >> (g & 63)) & 1;
+  v &= ~((uint64_t)1 << (g & 63));
+#endif
+  if (!was) return false;
+  __atomic_store_n(w, v, __ATOMIC_RELAXED);
+  return true;
 }
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-/* x86-64: `lock bts/btr` address the bitmap as one bit string (the granule index is the bit offset), which spares
- * the word and mask arithmetic on the fast paths. Same semantics as the portable versions below, which
- * ThreadSanitizer builds use (it does not see inside asm). */
-#define MLD_BM_ASM(insn, p, was)                                                                          \
-  do {                                                                                                   \
-    uintptr_t seg_ = (uintptr_t)(p) & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1);                                  \
-    uint64_t g_ = ((uintptr_t)(p) & (MLD_SEGMENT_SIZE - 1)) >> 4;                                          \
-    /* The whole bitmap is the memory operand: the compiler orders the asm with the surrounding accesses (a remote \
-     * free's clear must precede the publication of the block) as it would an atomic read-modify-write. */        \
-    __asm__ volatile("lock " insn " %2, %1"                                                              \
-                     : "=@ccc"(was), "+m"(*(uint64_t(*)[MLD_BITMAP_BYTES / 8])(seg_ + MLD_BITMAP_OFFSET))  \
-                     : "r"(g_));                                                                         \
-  } while (0)
-/* Set p's bit; false if it was set already (the block is live). */
-static inline bool bm_claim(const void *p) {
+/* A remote free sets p's remote bit; false if it was set already (a free of p is waiting). On x86-64 `lock bts`
+ * addresses the remote bitmap as one bit string (the granule index is the bit offset); the whole bitmap is the
+ * memory operand, so the compiler orders the asm with the surrounding accesses as it would an atomic
+ * read-modify-write (the set precedes the block's publication). ThreadSanitizer builds use the portable version
+ * (it does not see inside asm). */
+static inline bool bm_remote_claim(const void *p) {
+  uintptr_t seg = (uintptr_t)p & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1);
   bool was;
-  MLD_BM_ASM("btsq", p, was);
+  __asm__ volatile("lock btsq %2, %1"
+                   : "=@ccc"(was), "+m"(*(uint64_t(*)[MLD_BITMAP_BYTES / 8])(seg + MLD_REMOTE_OFFSET))
+                   : "r"(bm_granule(p)));
   return !was;
 }
-/* Clear p's bit; false if it was clear already (not live: a double or invalid free). */
-static inline bool bm_release(const void *p) {
-  bool was;
-  MLD_BM_ASM("btrq", p, was);
-  return was;
-}
 #else
-/* Set p's bit; false if it was set already (the block is live). */
-static inline bool bm_claim(const void *p) {
-  uint64_t bit;
-  _Atomic(uint64_t) *w = bm_word(p, &bit);
-  return !(atomic_fetch_or_explicit(w, bit, memory_order_relaxed) & bit);
-}
-/* Clear p's bit; false if it was clear already (not live: a double or invalid free). */
-static inline bool bm_release(const void *p) {
-  uint64_t bit;
-  _Atomic(uint64_t) *w = bm_word(p, &bit);
-  return atomic_fetch_and_explicit(w, ~bit, memory_order_relaxed) & bit;
+static inline bool bm_remote_claim(const void *p) {
+  uint64_t bit = (uint64_t)1 << (bm_granule(p) & 63);
+  return !(__atomic_fetch_or(bm_remote_word(bm_word(p)), bit, __ATOMIC_RELAXED) & bit);
 }
 #endif
+/* The page's holder clears the remote bits `mask` of one remote word; false if one of them was clear. One locked
+ * operation for all the collected blocks of a word. */
+static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
+  return (__atomic_fetch_and(remote_word, ~mask, __ATOMIC_RELAXED) & mask) == mask;
+}
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
  * A keyed hash of the block's address with its page's key (a 128-bit multiply by the key, folded): the key is
@@ -178,24 +212,32 @@ static inline void secure_wipe(void *p, size_t n) {
 /* A small block is handed out (its link already decoded): it must be free, it becomes live, its link word is
  * cleared (it held the next free block's encrypted address) and its canary armed. */
 static inline void secure_on_alloc(const page_t *pg, block_t *b) {
-  if (unlikely(!bm_claim(b))) mld_secure_fail("free list corrupted: the next block to hand out is live:", b);
+  if (unlikely(!bm_claim(b))) {
+    /* freed by another thread after its owner freed it (a double free found now), or a corrupted list */
+    if (!bm_live(b) && bm_remote(b)) mld_secure_fail("double free or invalid free of", b);
+    mld_secure_fail("free list corrupted: the next block to hand out is not free:", b);
+  }
   b->next = NULL;
   if (pg->block_size <= MLD_CANARY_MAX) *canary_at(pg, b) = canary_value(pg, b);
 }
-/* A small block is about to be freed, resized or copied (any thread): it must be live, its canary intact. */
+/* A small block is about to be resized or copied (any thread): live, not freed by another thread, canary intact. */
 static inline void secure_check_free(const page_t *pg, const void *b) {
-  if (unlikely(((uintptr_t)b & 15) || !bm_test(b))) mld_secure_fail("double free or invalid free of", b);
+  if (unlikely(((uintptr_t)b & 15) || !bm_live(b) || bm_remote(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
 }
-/* A small block is freed (by its owner or by another thread): the checks above, and its bit cleared at once,
- * atomically (of two frees of one block, however they interleave, exactly one finds it live). */
-static inline void secure_release_check(const page_t *pg, const void *b) {
-  if (unlikely(((uintptr_t)b & 15) || !bm_release(b))) mld_secure_fail("double free or invalid free of", b);
+/* The owner frees a small block of its page: live (its bit is cleared now), not freed by another thread, canary
+ * intact. */
+static inline void secure_owner_release(const page_t *pg, const void *b) {
+  if (unlikely(((uintptr_t)b & 15) || !bm_release(b) || bm_remote(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
 }
-/* The same and zero_on_free's wipe (remote frees; the owner's free tests owner_free_flags instead). */
-static inline void secure_release(const page_t *pg, const void *b) {
-  secure_release_check(pg, b);
+/* Another thread frees a small block: its remote bit set (a second remote free finds it), its canary intact
+ * (which a free block's is not, unless a write after free restored it: then the holder's checks of both bits,
+ * at the next hand-out or collection, catch it), then zero_on_free's wipe. The live bit is not read: it is on
+ * the owner's lines. */
+static inline void secure_remote_release(const page_t *pg, const void *b) {
+  if (unlikely(((uintptr_t)b & 15) || !bm_remote_claim(b))) mld_secure_fail("double free or invalid free of", b);
+  if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
   if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
 }
 #else
@@ -215,7 +257,7 @@ static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
   /* Delayed reuse: the block goes in second place, so the next malloc of the class does not return the block
    * just freed (unless it is the page's only free block). Links are not bound to their place: head's stored
    * link moves to b as it is. */
-  secure_release_check(pg, b);
+  secure_owner_release(pg, b);
   block_t *head = pg->free;
   /* zero_on_free and delayed_reuse:false in one byte (options.c): the default path tests one byte for both. */
   if (unlikely(mld_opt.owner_free_flags)) {

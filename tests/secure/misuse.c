@@ -49,6 +49,21 @@ static void report_duplicates(size_t size, int n) {
   }
 }
 
+/* Like report_duplicates over n (up to 1 << 16) allocations, enough to exhaust a page's free list, so that its
+ * owner collects the blocks other threads freed: a block handed out twice among them is found by sorting. */
+static int cmp_ptr(const void *a, const void *b) {
+  uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+  return x < y ? -1 : x > y;
+}
+static void report_duplicates_many(size_t size, int n) {
+  static void *got[1 << 16];
+  if (n > (1 << 16)) n = 1 << 16;
+  for (int i = 0; i < n; i++) got[i] = opaque(malloc(size));
+  qsort(got, (size_t)n, sizeof *got, cmp_ptr);
+  for (int i = 1; i < n; i++)
+    if (got[i] == got[i - 1]) { printf("twice %p\n", got[i]); printf("not detected\n"); exit(0); }
+}
+
 /* Keep the compiler from reasoning about the misuse (it would warn, or drop the code). */
 static void *opaque(void *p) { sink = p; return sink; }
 /* memset through a volatile pointer: the compiler cannot prove the stores dead before a free and drop them. */
@@ -206,6 +221,8 @@ int main(int argc, char **argv) {
     shared = p;
     run_thread(remote_free);
     free(opaque(p));
+    printf("past the misuse\n");   /* the secure variant reports at the second free, not later */
+    fflush(stdout);
     report_duplicates(40, 64);
   } else if (!strcmp(m, "remote-pending-then-owner")) {
     /* The same while the remote free still waits in the freeing thread's outbox (the thread has not exited). */
@@ -216,9 +233,34 @@ int main(int argc, char **argv) {
     pthread_create(&t, NULL, remote_free_and_wait, NULL);
     pthread_barrier_wait(&freed);
     free(opaque(p));
+    printf("past the misuse\n");
+    fflush(stdout);
     pthread_barrier_wait(&done);
     pthread_join(t, NULL);
     report_duplicates(40, 64);
+  } else if (!strncmp(m, "forged-", 7)) {
+    /* Double frees whose in-band mark (the canary word, which says which free came) is put back between the two
+     * frees by a write after free, with the canary value the program read past the live block: the immediate
+     * check passes, and the allocation bitmap must still keep the block from being handed out twice. */
+    size_t u = malloc_usable_size(p);
+    uint64_t canary;
+    memcpy(&canary, (char *)opaque(p) + u, 8);
+    const char *order = m + 7;
+    shared = p;
+    if (!strcmp(order, "remote-then-owner")) {
+      run_thread(remote_free);
+      memcpy((char *)opaque(p) + u, &canary, 8);
+      free(opaque(p));
+    } else if (!strcmp(order, "remote-then-remote")) {
+      run_thread(remote_free);
+      memcpy((char *)opaque(p) + u, &canary, 8);
+      run_thread(remote_free);
+    } else if (!strcmp(order, "owner-then-remote")) {
+      free(opaque(p));
+      memcpy((char *)opaque(p) + u, &canary, 8);
+      run_thread(remote_free);
+    }
+    report_duplicates_many(40, 1 << 16);
   } else if (!strcmp(m, "owner-then-remote")) {
     free(p);
     shared = opaque(p);
@@ -245,7 +287,7 @@ int main(int argc, char **argv) {
     report_duplicates(40, 8);
   } else if (!strcmp(m, "metadata-guard")) {
     volatile char *seg = (char *)((uintptr_t)p & ~(uintptr_t)((4u << 20) - 1));
-    printf("%d\n", seg[60000]);       /* inside the guard between the segment header and user data */
+    printf("%d\n", seg[124 * 1024]);  /* inside the guard between the segment's metadata and user data */
   } else if (!strcmp(m, "huge-guard")) {
     char *h = malloc(5u << 20);
     volatile char *end = h + malloc_usable_size(h);
