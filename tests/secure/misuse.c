@@ -277,6 +277,20 @@ int main(int argc, char **argv) {
       pthread_barrier_destroy(&freed);
     }
     report_duplicates(40, 64);
+  } else if (!strcmp(m, "racing-owner-remote")) {
+    /* The owner and another thread free the block at the same moment, 200 times over: both may pass their own
+     * checks, and the block must still never be handed out twice. */
+    for (int round = 0; round < 200; round++) {
+      shared = malloc(40);
+      pthread_barrier_init(&freed, NULL, 2);
+      pthread_t t;
+      pthread_create(&t, NULL, racing_free, NULL);
+      pthread_barrier_wait(&freed);
+      free(opaque(shared));
+      pthread_join(t, NULL);
+      pthread_barrier_destroy(&freed);
+    }
+    report_duplicates_many(40, 1 << 16);
   } else if (!strcmp(m, "self-loop")) {
     /* The attack of issue 16: with only the program's own freed pointers and no key, one 8-byte write after free
      * copies b's stored link (which leads to a) into a, so that a's link leads to a itself. */

@@ -30,6 +30,7 @@ ABORTS = {
     "owner-then-remote": "double free or invalid free of 0x",
     "self-loop": "free list corrupted: the next block to hand out is not free: 0x",
     "racing-double-free": "double free or invalid free of 0x",
+    "racing-owner-remote": ("double free or invalid free of 0x", "the next block to hand out is not free: 0x"),
     # In-band marks forged back (misuse.c "forged-*"): caught by the bitmap, when the owner collects the block or
     # hands it out again.
     "forged-remote-then-owner": ("double free or invalid free of 0x", "the next block to hand out is not free: 0x"),
