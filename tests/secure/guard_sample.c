@@ -13,6 +13,8 @@
 static void *volatile sink;
 /* Keep the compiler from reasoning about the misuse (it would warn, or drop the code). */
 static void *opaque(void *p) { sink = p; return sink; }
+/* memset through a volatile pointer: the compiler cannot drop the stores as dead before a free. */
+static void *(*volatile opaque_memset)(void *, int, size_t) = memset;
 static void poke(char *p, size_t i) { ((volatile char *)opaque(p))[i] = 'x'; }
 static char peek(char *p, size_t i) { return ((volatile char *)opaque(p))[i]; }
 
@@ -55,7 +57,7 @@ int main(int argc, char **argv) {
       free(p);
       free(opaque(p));
     } else if (!strcmp(m, "realloc")) {    /* a guarded block moves and keeps its bytes; sizes are exact */
-      memset(p, 0x33, size);
+      opaque_memset(p, 0x33, size);
       if (malloc_usable_size(p) < size) return 5;
       char *q = opaque(realloc(p, size + 1));
       for (size_t k = 0; k < size; k++) if (q[k] != 0x33) return 6;
@@ -64,10 +66,10 @@ int main(int argc, char **argv) {
       free(p);
       unsigned char *z = opaque(calloc(1, size));
       for (size_t k = 0; k < size; k++) if (z[k]) return 7;
-      memset(z, 0xff, size);
+      opaque_memset(z, 0xff, size);
       free(z);
     } else if (!strcmp(m, "clean")) {      /* the whole block, nothing more */
-      memset(p, 0x44, malloc_usable_size(p));
+      opaque_memset(p, 0x44, malloc_usable_size(p));
       free(p);
     } else {
       return 2;
