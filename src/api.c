@@ -5,6 +5,7 @@
 #include "secure.h"
 #include "prof.h"
 #include "junk.h"
+#include "guarded.h"
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -66,7 +67,13 @@ static inline void *alloc(size_t size) {
   return alloc_not_small(size);
 }
 
+/* Blocks outside Mallard's segments: guarded blocks (guarded.c), then huge blocks aligned beyond a segment. */
 static MLD_NOINLINE void free_foreign(void *p, const char *what) {
+  if (mld_guard_owns(p)) {
+    mld_prof_forget(p);   /* a guarded block may be a profiler sample too; its record goes before the slot can be reused */
+    mld_guard_free(p, __builtin_return_address(0));   /* the free stack starts in the function that called free() */
+    return;
+  }
   segment_t *s = mld_big_aligned_find(p, true);
   if (s) {
     mld_prof_forget(p);
@@ -154,6 +161,7 @@ static inline void dealloc(void *p) {
 static size_t usable_size(const void *p, const char *what) {
   segment_t *seg = segment_of(p);
   if (unlikely(!mld_owned(seg))) {
+    if (mld_guard_owns(p)) return mld_guard_size(p, what);   /* exactly the requested size: the slack is checked */
     segment_t *s = mld_big_aligned_find(p, false);
     if (s) return s->user_size;
     mld_report_invalid(what, p);
@@ -298,6 +306,9 @@ static void *reallocate(void *p, size_t size, const void *ra) {
         return NULL;
       }
     }
+  } else if (mld_guard_owns(p)) {   /* a guarded block always moves: a new block, the copy, the guarded one freed */
+    old = mld_guard_size(p, "realloc");
+    if (!old) { errno = ENOMEM; return NULL; }   /* reported (guard_action:report): the pointer stays as it was */
   } else {
     segment_t *s = mld_big_aligned_find(p, false);
     if (!s) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
@@ -310,13 +321,18 @@ static void *reallocate(void *p, size_t size, const void *ra) {
   return q;
 }
 
-/* ---- heap profiling (prof.h): the countdown's slow paths ----
+/* ---- heap profiling (prof.h) and guarded sampling (guarded.h): the countdown's slow paths ----
  * Every allocating entry point (realloc: only when it needs a new block) subtracts the request from the thread's
- * countdown (two instructions: sub, js); when
- * it goes negative, prof_alloc decides. A sampled block is served as a large block (a span of 64 KiB slots, or a huge
- * mapping): its free never takes the small-block fast path, so that path needs no test, and the large and huge free
- * paths look the block up (mld_prof_forget) before giving it back. ra: the return address into the caller, where
- * the recorded stack starts. */
+ * countdown (two instructions: sub, js); when it goes negative, prof_alloc decides. The one countdown serves two
+ * samplers: it holds the distance to the nearer of the profiler's next sample and the guard's next sample, and
+ * prof_ahead and guard_ahead hold how much farther each one's own countdown is (so each sees exactly the bytes it
+ * would see alone: the profiler's statistics do not change when guarding is on). With prof:false and guard_sample:0
+ * both are 2^63-1 and the slow path is never reached.
+ * A profiled block is served as a large block (a span of 64 KiB slots, or a huge mapping): its free never takes the
+ * small-block fast path, so that path needs no test, and the large and huge free paths look the block up
+ * (mld_prof_forget) before giving it back. A guarded block lies outside Mallard's segments: its free reaches
+ * free_foreign. A block both profiled and guarded is served guarded and recorded. ra: the return address into the
+ * caller, where the recorded stacks start. */
 static void *sample_alloc(size_t size, size_t align, bool zero, const void *ra, bool sampled) {
   if (!sampled) return zero ? zalloc_aligned(align, size) : alloc_aligned(align, size);
   void *p = alloc_big(size, align, zero);
@@ -324,25 +340,41 @@ static void *sample_alloc(size_t size, size_t align, bool zero, const void *ra, 
   return p;
 }
 
+static __thread uint64_t prof_ahead, guard_ahead;   /* each sampler's countdown minus the shared one (both >= 0) */
 /* junk:alloc|true (junk.h): every allocation comes here. The countdown is held at -1, so that every request below
- * 2^63 bytes (all that can succeed) ticks it negative, and the profiler's own countdown waits in junk_prof_left:
- * each allocation is counted against it as the fast path would have, and sampled when it runs out. */
-static __thread uint64_t junk_prof_left = (uint64_t)-1;   /* as the countdown in a new thread: its first allocation draws */
-
-static MLD_NOINLINE void *junk_alloc(size_t size, size_t align, bool zero, const void *ra) {
-  mld_prof_left = junk_prof_left - size;
-  bool sampled = (int64_t)mld_prof_left < 0 && mld_prof_take(size);
-  junk_prof_left = mld_prof_left;
-  mld_prof_left = (uint64_t)-1;
-  void *p = sample_alloc(size, align, zero, ra, sampled);
-  if (p && !zero) memset(p, MLD_JUNK_ALLOC_BYTE, usable_size(p, "malloc"));   /* calloc's memory stays zero */
-  return p;
-}
+ * 2^63 bytes (all that can succeed) ticks it negative, and the shared countdown waits in junk_left: each allocation
+ * is counted against it as the fast path would have. */
+static __thread uint64_t junk_left = (uint64_t)-1;   /* as the countdown in a new thread: its first allocation draws */
 
 static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const void *ra) {
   mld_ensure_init();   /* options first: a thread's first allocation may be the process's */
-  if (unlikely(mld_opt.junk & MLD_JUNK_ALLOC)) return junk_alloc(size, align, zero, ra);
-  return sample_alloc(size, align, zero, ra, mld_prof_take(size));
+  bool junk = mld_opt.junk & MLD_JUNK_ALLOC;
+  uint64_t left = junk ? junk_left - size : mld_prof_left;
+  uint64_t prof = left + prof_ahead, guard = left + guard_ahead;   /* each one's own countdown */
+  bool profiled = false, guarded = false;
+  if ((int64_t)prof < 0) {
+    mld_prof_left = prof;
+    profiled = mld_prof_take(size);   /* redraws mld_prof_left */
+    prof = mld_prof_left;
+  }
+  if ((int64_t)guard < 0) guarded = mld_guard_take(size, &guard);
+  left = (int64_t)prof < (int64_t)guard ? prof : guard;
+  prof_ahead = prof - left;
+  guard_ahead = guard - left;
+  if (junk) {
+    junk_left = left;
+    mld_prof_left = (uint64_t)-1;
+  } else {
+    mld_prof_left = left;
+  }
+  void *p = NULL;
+  if (unlikely(guarded)) {
+    p = mld_guard_alloc(size, align, zero, ra);
+    if (p && profiled) mld_prof_record(p, size, ra);
+  }
+  if (!p) p = sample_alloc(size, align, zero, ra, profiled);
+  if (junk && p && !zero) memset(p, MLD_JUNK_ALLOC_BYTE, usable_size(p, "malloc"));   /* calloc's memory stays zero */
+  return p;
 }
 
 /* `expr` serves the request unless the countdown ran out; __builtin_return_address(0) is the exported function's. */

@@ -5,6 +5,7 @@
 #include "stats.h"
 #include "secure.h"
 #include "prof.h"
+#include "guarded.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,9 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "large_quarantine")) READ(unsigned, mld_opt.large_quarantine);
   if (!strcmp(n, "delayed_reuse")) READ(bool, mld_opt.delayed_reuse);
   if (!strcmp(n, "junk")) READ(const char *, junk_names[mld_opt.junk & 3]);
+  if (!strcmp(n, "guard_sample")) READ(size_t, mld_opt.guard_sample);
+  if (!strcmp(n, "guard_slots")) READ(unsigned, mld_opt.guard_slots);
+  if (!strcmp(n, "guard_action")) READ(const char *, mld_opt.guard_action == MLD_GUARD_REPORT ? "report" : "abort");
   const prof_options_t *po = &mld_prof_opt;
   if (!strcmp(n, "prof")) READ(bool, po->prof);
   if (!strcmp(n, "prof_active")) READ(bool, po->active);
@@ -83,6 +87,17 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
 static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, size_t newlen) {
   RO();
   global_stats_t g;
+  if (!strncmp(n, "guard.", 6)) {   /* sampled guarded allocations (guarded.h) */
+    guard_stats_t gs;
+    mld_guard_stats(&gs);
+    const char *s = n + 6;
+    if (!strcmp(s, "samples")) READ(uint64_t, gs.samples);
+    if (!strcmp(s, "live")) READ(uint64_t, gs.live);
+    if (!strcmp(s, "skipped")) READ(uint64_t, gs.skipped);
+    if (!strcmp(s, "reports")) READ(uint64_t, gs.reports);
+    if (!strcmp(s, "slots")) READ(uint64_t, gs.slots);
+    return ENOENT;
+  }
   if (!strncmp(n, "arenas.", 7)) {
     const char *s = n + 7;
     unsigned i;

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "secure.h"
+#include "guarded.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,8 @@ static void heap_destructor(void *arg) {
   mld_heap_abandon(h);
 }
 
-/* Lock order: purge, arena creation, heaps, arenas by index, huge cache, metadata. */
+/* Lock order: purge, arena creation, heaps, arenas by index, huge cache, metadata, guarded pool (a leaf: its holder
+ * takes no other allocator lock). */
 static void fork_prepare(void) {
   mld_purge_fork_prepare();
   mld_arenas_fork_prepare();
@@ -29,9 +31,11 @@ static void fork_prepare(void) {
   for (unsigned i = 0; i < n; i++) pthread_mutex_lock(&mld_arenas[i]->lock);
   mld_huge_fork_prepare();
   mld_meta_fork_prepare();
+  mld_guard_fork_prepare();
 }
 
 static void fork_parent(void) {
+  mld_guard_fork_parent();
   mld_meta_fork_parent();
   mld_huge_fork_parent();
   unsigned n = atomic_load(&mld_narenas);
@@ -45,6 +49,7 @@ static void fork_child(void) {
 #ifdef MALLARD_SECURE
   mld_secure_fork_child();   /* first: the child's new pages, order and addresses owe nothing to the parent */
 #endif
+  mld_guard_fork_child();
   mld_meta_fork_child();
   mld_arenas_fork_child();
   mld_huge_fork_child();

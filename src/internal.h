@@ -258,6 +258,10 @@ typedef struct options_s {
   bool delayed_reuse;                    /* an owner's free goes second on its page's list */
   uint8_t junk;                          /* debug fills: MLD_JUNK_ALLOC | MLD_JUNK_FREE (junk.h) */
   uint8_t owner_free_flags;              /* derived (secure.h's owner free tests one byte): MLD_OWNER_FREE_* */
+  /* Sampled guarded allocations (guarded.h, docs/SECURITY.md): both variants. */
+  uint8_t guard_action;                  /* MLD_GUARD_ABORT or MLD_GUARD_REPORT */
+  unsigned guard_slots;                  /* slots of the guarded pool (1..MLD_GUARD_SLOTS_MAX) */
+  size_t guard_sample;                   /* mean bytes allocated between guarded samples; 0: off */
 } options_t;
 #define MLD_OWNER_FREE_WIPE 1            /* zero_on_free (or a build with MLD_ZERO_ON_FREE_ALWAYS) */
 #define MLD_OWNER_FREE_FIRST 2           /* delayed_reuse:false */

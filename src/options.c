@@ -6,6 +6,7 @@
 #include "prof.h"
 #include "secure.h"
 #include "junk.h"
+#include "guarded.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <errno.h>
@@ -24,7 +25,7 @@ extern const char *malloc_conf __attribute__((weak));
 
 static const char *const thp_names[] = { "default", "madvise", "always", "never" };   /* thp -1 is "never" */
 
-enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE, T_PROF, T_SECURE, T_JUNK };
+enum { T_UINT, T_LONG, T_BOOL, T_THP, T_STR, T_SLABS, T_SIZE, T_PROF, T_SECURE, T_JUNK, T_GUARD };
 typedef struct opt_desc_s {
   const char *name;
   int type;
@@ -63,6 +64,11 @@ static const opt_desc_t descs[] = {
   { "delayed_reuse", T_SECURE, 0, 1, "false (delayed reuse needs the secure variant, libmallard-secure)" },
 #endif
   { "junk", T_JUNK, 0, 3, "alloc, free, true or false" },
+  /* sampled guarded allocations (guarded.h; parsed by apply_guard): both variants */
+  { "guard_sample", T_GUARD, 0, (long)MLD_GUARD_SAMPLE_MAX,
+    "a size in bytes 0..1T, with optional K, M or G (mean bytes between guarded samples; 0: off)" },
+  { "guard_slots", T_GUARD, 1, MLD_GUARD_SLOTS_MAX, "an integer 1..4096 (blocks guarded at once, freed ones included)" },
+  { "guard_action", T_GUARD, 0, 1, "abort or report" },
   /* heap profiling (prof.h; parsed by apply_prof) */
   { "prof", T_PROF, 0, 1, "true or false" },
   { "prof_active", T_PROF, 0, 1, "true or false" },
@@ -101,6 +107,9 @@ static void set_defaults(void) {
   mld_opt.delayed_reuse = false;
 #endif
   mld_opt.junk = 0;
+  mld_opt.guard_sample = MLD_GUARD_SAMPLE_DEFAULT;
+  mld_opt.guard_slots = MLD_GUARD_SLOTS_DEFAULT;
+  mld_opt.guard_action = MLD_GUARD_ABORT;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     size_t bs = mld_class_size[c];
     /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, at most 1 MiB. */
@@ -148,7 +157,7 @@ static void note_ignored(const char *k, size_t kl) {
 static const char *const known_keys =
     "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
     "stats_print_opts, slab_sizes, page_cache, huge_cache_max, guard_slab_interval, secure_noaccess_min, "
-    "large_quarantine, delayed_reuse, junk, prof, prof_active, prof_sample, prof_final, prof_leak, "
+    "large_quarantine, delayed_reuse, junk, guard_sample, guard_slots, guard_action, prof, prof_active, prof_sample, prof_final, prof_leak, "
     "prof_prefix, prof_interval, prof_signal, prof_seed";
 
 /* One line per problem: where, which key, which value (not from a file), what is accepted. known: the key is one of
@@ -297,6 +306,28 @@ static int apply_secure(const opt_desc_t *d, const char *v, size_t vl) {
 }
 
 static const char *const junk_names[] = { "false", "alloc", "free", "true" };   /* index: MLD_JUNK_* bits */
+static const char *const guard_action_names[] = { "abort", "report" };          /* index: MLD_GUARD_* */
+
+/* Sampled guarded allocations (into mld_opt); false: bad value. */
+static bool apply_guard(const opt_desc_t *d, const char *v, size_t vl) {
+  long x;
+  if (!strcmp(d->name, "guard_action")) {
+    for (unsigned i = 0; i < 2; i++)
+      if (strlen(guard_action_names[i]) == vl && !memcmp(guard_action_names[i], v, vl)) {
+        mld_opt.guard_action = (uint8_t)i;
+        return true;
+      }
+    return false;
+  }
+  if (!strcmp(d->name, "guard_slots")) {
+    if (!parse_long(v, vl, &x) || x < d->lo || x > d->hi) return false;
+    mld_opt.guard_slots = (unsigned)x;
+    return true;
+  }
+  if (!parse_size(v, vl, &x) || x < d->lo || x > d->hi) return false;   /* guard_sample */
+  mld_opt.guard_sample = (size_t)x;
+  return true;
+}
 
 /* jemalloc's lg_prof_sample:N (2^N bytes between samples) and lg_prof_interval:N (-1: off). */
 static bool apply_jemalloc_lg(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
@@ -388,6 +419,9 @@ static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v
     ok = r > 0;
     break;
   }
+  case T_GUARD:
+    ok = apply_guard(d, v, vl);
+    break;
   case T_JUNK:
     ok = false;
     for (unsigned i = 0; i < 4; i++)
@@ -575,6 +609,8 @@ size_t mld_options_format_of(const options_t *o, const prof_options_t *po, unsig
   else put(&f, ",guard_slab_interval:%u,secure_noaccess_min:%zu", o->guard_slab_interval, o->secure_noaccess_min);
   put(&f, ",large_quarantine:%u,delayed_reuse:%s,junk:%s", o->large_quarantine, tf(o->delayed_reuse),
       junk_names[o->junk & 3]);
+  put(&f, ",guard_sample:%zu,guard_slots:%u,guard_action:%s", o->guard_sample, o->guard_slots,
+      guard_action_names[o->guard_action & 1]);
   put(&f, ",prof:%s,prof_active:%s,prof_sample:%zu,prof_final:%s,prof_leak:%s,prof_prefix:%s,prof_interval:%zu,"
           "prof_signal:%s,prof_seed:%llu",
       tf(po->prof), tf(po->active), po->sample, tf(po->final), tf(po->leak), prefix, po->interval,
