@@ -35,6 +35,8 @@ else
 fi
 echo "== ThreadSanitizer: the secure variant's cross-thread paths (tests/secure/tsan.sh)"
 bash tests/secure/tsan.sh "$root/build-tsan-secure" || status=1
+echo "== ThreadSanitizer: sampled guarded allocations (tests/secure/guard_sample_tsan.sh)"
+bash tests/secure/guard_sample_tsan.sh "$root/build-tsan-guard" || status=1
 # ---- end of the ThreadSanitizer block ----
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1

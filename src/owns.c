@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include "mallard.h"
+#include "guarded.h"
 
 /* Is p inside a small page or a large block's span of seg, a normal segment whose arena's lock is held? Span marks
  * change only under that lock. The inner slots of a free span keep the marks of the spans they were part of, so the
@@ -30,9 +31,11 @@ static bool owns_in_segment(segment_t *seg, arena_t *a, const void *p) {
   }
 }
 
-/* True exactly for addresses inside small pages, large blocks' spans and huge blocks' usable bytes that Mallard has
- * now; any other address (foreign, freed, unmapped a moment ago) is false. Never reads memory that may be gone. */
+/* True exactly for addresses inside small pages, large blocks' spans, huge blocks' usable bytes and the guarded
+ * pool (guard_sample: reserved for good) that Mallard has now; any other address (foreign, freed, unmapped a moment
+ * ago) is false. Never reads memory that may be gone. */
 MLD_EXPORT bool mallard_owns(const void *p) {
+  if (mld_guard_owns(p)) return true;
   segment_t *seg = segment_of(p);
   arena_t *a = NULL;
   if (p && mld_owns_peek(seg, &a) == SEG_NORMAL) return owns_in_segment(seg, a, p);
