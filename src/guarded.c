@@ -80,12 +80,7 @@ static bool pool_make(void) {
 /* ---- sampling draws: a per-thread xorshift64* (not a secret: only where samples fall) ---- */
 static __thread uint64_t tls_rng;
 
-static uint64_t rng_next(void) {
-  uint64_t x = tls_rng;
-  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
-  tls_rng = x;
-  return x * 0x2545F4914F6CDD1DULL;
-}
+static uint64_t rng_next(void) { return mld_xorshift64s(&tls_rng); }
 
 static void rng_seed(void) {
   struct timespec ts;

@@ -309,6 +309,14 @@ static inline bool mld_owned(const void *seg) {
 extern _Atomic(uint64_t) mld_mapped_bytes MLD_HIDDEN;
 extern _Atomic(uint64_t) mld_meta_bytes MLD_HIDDEN;
 
+/* One step of xorshift64* over *state (non-zero): the samplers' draws (prof.c, guarded.c), which need no secret. */
+static inline uint64_t mld_xorshift64s(uint64_t *state) {
+  uint64_t x = *state;
+  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+  *state = x;
+  return x * 0x2545F4914F6CDD1DULL;
+}
+
 /* diag.c */
 MLD_HIDDEN void mld_report_invalid(const char *what, const void *p);
 extern _Atomic(uint64_t) mld_invalid_count MLD_HIDDEN;

@@ -96,12 +96,7 @@ static double weight_of(size_t size, size_t mean) {
   return p > 0 ? 1 / p : 1;
 }
 
-static uint64_t rng_next(void) {
-  uint64_t x = tls_rng;
-  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
-  tls_rng = x;
-  return x * 0x2545F4914F6CDD1DULL;
-}
+static uint64_t rng_next(void) { return mld_xorshift64s(&tls_rng); }
 
 static void rng_seed(void) {
   uint64_t n = atomic_fetch_add(&seed_ordinal, 1);
