@@ -68,7 +68,7 @@ size_t mld_page_collect_remote(page_t *pg) {
   for (;;) {
     if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
     if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
-    uint64_t *rw = bm_remote_word(bm_word(tail)), bit = (uint64_t)1 << (bm_granule(tail) & 63);
+    uint64_t *rw = bm_remote_word(bm_word(tail)), bit = (uint64_t)1 << (bm_bit_index(tail) & 63);
     if (rw != rword) {
       if (rword && unlikely(!bm_remote_release(rword, rmask))) mld_secure_fail("remote free list corrupted near", tail);
       rword = rw;

@@ -124,21 +124,20 @@ static inline bool bm_bit(uint64_t v, const void *p) {
   __asm__("btq %2, %1" : "=@ccc"(set) : "r"(v), "r"(bm_bit_index(p)));
   return set;
 #else
-  return (v >> (bm_granule(p) & 63)) & 1;
+  return (v >> (bm_bit_index(p) & 63)) & 1;
 #endif
 }
 static inline bool bm_live(const void *p) { return bm_bit(bm_load(bm_word(p)), p); }
 static inline bool bm_remote(const void *p) { return bm_bit(bm_load(bm_remote_word(bm_word(p))), p); }
 /* The page's holder hands p out: its live bit set, its remote bit clear; false (nothing written) otherwise. */
 static inline bool bm_claim(const void *p) {
-  uint64_t *w = bm_word(p), v = bm_load(w), r = bm_load(bm_remote_word(w)), g = bm_granule(p);
+  uint64_t *w = bm_word(p), v = bm_load(w), r = bm_load(bm_remote_word(w));
   bool was;
 #if defined(__x86_64__)
-  (void)g;
   __asm__("btsq %2, %1" : "=@ccc"(was), "+r"(v) : "r"(bm_bit_index(p)));
 #else
-  was = (v >> (g & 63)) & 1;
-  v |= (uint64_t)1 << (g & 63);
+  was = (v >> (bm_bit_index(p) & 63)) & 1;
+  v |= (uint64_t)1 << (bm_bit_index(p) & 63);
 #endif
   if (was || bm_bit(r, p)) return false;
   __atomic_store_n(w, v, __ATOMIC_RELAXED);
@@ -146,14 +145,13 @@ static inline bool bm_claim(const void *p) {
 }
 /* The page's holder takes p back: its live bit cleared; false (nothing written) if it was clear. */
 static inline bool bm_release(const void *p) {
-  uint64_t *w = bm_word(p), v = bm_load(w), g = bm_granule(p);
+  uint64_t *w = bm_word(p), v = bm_load(w);
   bool was;
 #if defined(__x86_64__)
-  (void)g;
   __asm__("btrq %2, %1" : "=@ccc"(was), "+r"(v) : "r"(bm_bit_index(p)));
 #else
-  was = (v >> (g & 63)) & 1;
-  v &= ~((uint64_t)1 << (g & 63));
+  was = (v >> (bm_bit_index(p) & 63)) & 1;
+  v &= ~((uint64_t)1 << (bm_bit_index(p) & 63));
 #endif
   if (!was) return false;
   __atomic_store_n(w, v, __ATOMIC_RELAXED);
@@ -175,7 +173,7 @@ static inline bool bm_remote_claim(const void *p) {
 }
 #else
 static inline bool bm_remote_claim(const void *p) {
-  uint64_t bit = (uint64_t)1 << (bm_granule(p) & 63);
+  uint64_t bit = (uint64_t)1 << (bm_bit_index(p) & 63);
   return !(__atomic_fetch_or(bm_remote_word(bm_word(p)), bit, __ATOMIC_RELAXED) & bit);
 }
 #endif
