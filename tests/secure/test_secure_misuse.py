@@ -50,9 +50,11 @@ LETS_THROUGH = ["remote-then-owner", "remote-pending-then-owner", "owner-then-re
 
 def run(lib, misuse, conf=None):
     env = dict(os.environ, LD_PRELOAD=str(lib))
-    env.pop("MALLARD_CONF", None)
-    if conf:
-        env["MALLARD_CONF"] = conf
+    # The guard sampler (on by default in the secure variant) may pick the block a misuse aims at and report it
+    # itself; its own tests are in test_guard_sample.py, so these runs keep it off unless a test names it.
+    if not conf or "guard_sample" not in conf:
+        conf = "guard_sample:0" + (f",{conf}" if conf else "")
+    env["MALLARD_CONF"] = conf
     return subprocess.run([str(PROG), misuse], env=env, capture_output=True, text=True, timeout=60)
 
 
