@@ -76,9 +76,22 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
   uint8_t guarded;                       /* secure variant: small page whose last OS page is a guard (PROT_NONE) */
-  void *user;                            /* large block: the pointer handed out (checked on free) */
-  size_t large_size;                     /* large block: requested usable size */
-  uint64_t dirty_since;                  /* free span: when it became dirty, ms */
+  union {
+    struct {                             /* a large block or a free span */
+      void *user;                        /* large block: the pointer handed out (checked on free) */
+      size_t large_size;                 /* large block: requested usable size */
+      uint64_t dirty_since;              /* free span: when it became dirty, ms */
+    };
+#ifdef MALLARD_SECURE
+    /* A small page: the secure variant's per-page secrets, drawn afresh whenever the page is initialised
+     * (secure.h). On this line: remote frees read them (canary) and never the owner's line. */
+    struct {
+      uint64_t list_key;                 /* free-list links are encrypted with it, canaries keyed with it */
+      uintptr_t start;                   /* page_start(): decoded links are checked against it */
+      uint64_t align_magic;              /* ceil(2^64 / block_size): a decoded link must be a block start */
+    };
+#endif
+  };
   /* ---- second line: the owner's ---- */
   _Alignas(MLD_CACHE_LINE) block_t *free;   /* owner's list: allocation pops, owner frees push (LIFO) */
   uint32_t used;                         /* blocks handed out and not yet back on `free` */
@@ -86,12 +99,6 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t reserved;                     /* blocks that fit in the page */
   uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
-#ifdef MALLARD_SECURE
-  /* The secure variant's per-page secrets, drawn afresh whenever the page is initialised (secure.h). */
-  uint64_t list_key;                     /* free-list links are encrypted with it, canaries keyed with it */
-  uintptr_t start;                       /* page_start(): decoded links are checked against it */
-  uint64_t align_magic;                  /* ceil(2^64 / block_size): a decoded link must be a block start */
-#endif
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };

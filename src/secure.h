@@ -177,10 +177,14 @@ static inline bool bm_remote_claim(const void *p) {
   return !(__atomic_fetch_or(bm_remote_word(bm_word(p)), bit, __ATOMIC_RELAXED) & bit);
 }
 #endif
-/* The page's holder clears the remote bits `mask` of one remote word; false if one of them was clear. One locked
- * operation for all the collected blocks of a word. */
+/* The page's holder clears the remote bits `mask` of one remote word; false (nothing written) if one of them was
+ * clear. Only the holder clears remote bits (other threads only set them), so bits seen set stay set until the
+ * `and`: a plain check, then one locked `and` for all the collected blocks of a word (no compare-and-swap loop that
+ * concurrent remote frees into the same word would make retry). */
 static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
-  return (__atomic_fetch_and(remote_word, ~mask, __ATOMIC_RELAXED) & mask) == mask;
+  if ((bm_load(remote_word) & mask) != mask) return false;
+  __atomic_fetch_and(remote_word, ~mask, __ATOMIC_RELAXED);
+  return true;
 }
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
