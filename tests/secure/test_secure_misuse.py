@@ -197,6 +197,48 @@ def output(lib, mode, conf=None):
     return r.stdout.strip()
 
 
+def carve_runs(lib):
+    """The carved chunks of the carve-order run (page.c carves 16 KiB at a time: EXTEND_BYTES // block size blocks
+    from the page's start on): for each chunk met, the block indices inside the page in hand-out order."""
+    addrs = [int(x, 16) for x in output(lib, "carve-order").split()]
+    step = min(b - a for a, b in zip(addrs, addrs[1:]) if b > a)   # the class's block size (adjacent blocks exist)
+    per_chunk = 16384 // step
+    runs, cur, chunk = [], [], None
+    for a in addrs:
+        page = a & ~0xFFFF   # a page of this class is one 64 KiB slot
+        c = (page, (a - page) // step // per_chunk)
+        if c != chunk and cur:
+            runs.append(cur)
+            cur = []
+        chunk = c
+        cur.append((a - page) // step)
+    runs.append(cur)
+    return step, [r for r in runs if len(r) == per_chunk]   # whole chunks only
+
+
+def test_secure_carves_fresh_blocks_in_random_order():
+    """Fresh blocks come out of each carved chunk in a shuffled order: few hand-outs are the block right after the
+    previous one, the first block of a chunk is anywhere in it (uniformly: a chi-square test over 8 bins), and
+    two processes get different orders."""
+    step, runs = carve_runs(SECURE)
+    assert 200 < step <= 256 and len(runs) >= 100, (step, len(runs))
+    pairs = [(a, b) for r in runs for a, b in zip(r, r[1:])]
+    adjacent = sum(b == a + 1 for a, b in pairs)
+    assert adjacent < 0.05 * len(pairs), (adjacent, len(pairs))
+    firsts = [(r[0] - min(r)) * 8 // (max(r) - min(r) + 1) for r in runs]
+    counts = [firsts.count(k) for k in range(8)]
+    expected = len(firsts) / 8
+    chi2 = sum((c - expected) ** 2 / expected for c in counts)
+    assert chi2 < 24.3, (counts, chi2)   # 7 degrees of freedom: p = 0.001
+    assert carve_runs(SECURE)[1][:5] != runs[:5]
+
+
+def test_fast_carves_in_address_order_control():
+    step, runs = carve_runs(FAST)
+    pairs = [(a, b) for r in runs for a, b in zip(r, r[1:])]
+    assert sum(b == a + 1 for a, b in pairs) > 0.95 * len(pairs)
+
+
 def test_secure_fresh_blocks_hold_no_link():
     """The first word of a fresh block (it held the next free block's encrypted link, or a list's end) reads 0."""
     assert output(SECURE, "fresh-words") == "clean"
