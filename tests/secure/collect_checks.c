@@ -1,0 +1,66 @@
+/* collect_checks.c — white-box checks of the secure variant's collection of remote frees: a block on a page's remote
+ * list must be (live, remote) = (1,1); one that is not (as a forged list entry would be) is reported, not collected. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "secure.h"
+#include <mallard.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { CONTROL, REMOTE_MARK_CLEAR, NOT_LIVE };
+
+/* In the child: put a block of a live page on the page's remote list in one of three states, then collect. */
+static void child(int which) {
+  void *keep = mallard_malloc(40);   /* the page stays in use whatever happens to b */
+  block_t *b = mallard_malloc(40);
+  page_t *pg = page_of(segment_of(b), b);
+  if (which == NOT_LIVE) mallard_free(b);                  /* the owner's free: live bit cleared */
+  if (which != REMOTE_MARK_CLEAR) bm_remote_claim(b);      /* what a remote free does first */
+  mld_remote_push(pg, b, b, 1);
+  mld_page_collect(pg);
+  (void)keep;
+  _exit(0);
+}
+
+/* Runs one case in a child; returns its wait status and its stderr in err. */
+static int run(int which, char *err, size_t len) {
+  int fd[2];
+  if (pipe(fd)) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd[1], 2);
+    close(fd[0]);
+    child(which);
+  }
+  close(fd[1]);
+  ssize_t n, got = 0;
+  while ((n = read(fd[0], err + got, len - 1 - (size_t)got)) > 0) got += n;
+  err[got] = 0;
+  close(fd[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return st;
+}
+
+int main(void) {
+  char err[4096];
+  int fails = 0;
+  int st = run(CONTROL, err, sizeof err);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "control: status %#x, stderr: %s\n", st, err); fails++; }
+  static const struct { int which; const char *msg; } bad[] = {
+    { REMOTE_MARK_CLEAR, "remote free list corrupted near" },
+    { NOT_LIVE, "double free or invalid free of" },
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    st = run(bad[i].which, err, sizeof err);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGABRT || !strstr(err, bad[i].msg)) {
+      fprintf(stderr, "case %d: status %#x, expected SIGABRT and \"%s\", stderr: %s\n", bad[i].which, st, bad[i].msg, err);
+      fails++;
+    }
+  }
+  if (!fails) printf("collect checks: ok\n");
+  return fails != 0;
+}
