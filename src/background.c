@@ -29,6 +29,8 @@ size_t mld_purge_all(bool force) {
  * notification is never lost (the thread rechecks bg_pending under bg_lock before each wait). */
 #define BG_START_BYTES ((uint64_t)8 << 20)
 
+__thread bool mld_self_alloc;
+
 static pthread_mutex_t bg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t bg_cond;
 static _Atomic(int) bg_started;           /* 0 not started (or failed: retried after bg_retry_ms), 1 started or starting */
@@ -139,10 +141,13 @@ void mld_purge_thread_maybe_start(void) {
   int expect = 0;
   if (!atomic_compare_exchange_strong(&bg_started, &expect, 1)) return;
   pthread_t t;
+  bool was_self = mld_self_alloc;
+  mld_self_alloc = true;                  /* the thread's TLS is Mallard's, not the program's: never sampled */
   /* A small stack first (the thread needs little); glibc carves the program's static TLS out of it, so a
    * program with much static TLS gets EINVAL: then the default size. */
   int rc = bg_create(&t, 64 * 1024);
   if (rc != 0) rc = bg_create(&t, 0);
+  mld_self_alloc = was_self;
   if (rc == 0) {
     pthread_setname_np(t, "mallard-purge");
     return;

@@ -97,7 +97,7 @@ static uint64_t draw(void) {
 
 bool mld_guard_take(size_t size, uint64_t *left) {
   if (!mld_opt.guard_sample) { *left = INT64_MAX; return false; }
-  if (mld_prof_busy) { *left = 0; return false; }    /* the allocator's own allocations (the unwinder's): never */
+  if (mld_self_alloc) { *left = 0; return false; }    /* the allocator's own allocations (the unwinder's): never */
   if (!tls_rng) {                                      /* this thread's first draw: does it fall inside this allocation? */
     rng_seed();
     uint64_t d = draw();
@@ -111,11 +111,11 @@ void mld_guard_note_skipped(void) { atomic_fetch_add_explicit(&st_skipped, 1, me
 
 /* The stack of the call whose return address is ra (prof_stack.c's unwinder when loaded; ra alone otherwise). */
 static uint8_t capture(uintptr_t *pcs, const void *ra) {
-  bool was_busy = mld_prof_busy;
-  mld_prof_busy = true;                    /* the loader's allocations are neither sampled nor guarded */
+  bool was_busy = mld_self_alloc;
+  mld_self_alloc = true;                    /* the loader's allocations are neither sampled nor guarded */
   if (mld_prof_safe_context()) mld_prof_unwinder_load();
   unsigned n = mld_prof_backtrace(pcs, MLD_GUARD_DEPTH, (uintptr_t)ra);
-  mld_prof_busy = was_busy;
+  mld_self_alloc = was_busy;
   return (uint8_t)n;
 }
 

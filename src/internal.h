@@ -378,6 +378,11 @@ MLD_HIDDEN bool mld_page_collect(page_t *pg);
 MLD_HIDDEN bool mld_page_extend(page_t *pg);
 MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
 
+/* background.c */
+/* Set while this thread allocates for Mallard itself (the profiler's tables, the unwinder's loader, the purging
+ * thread's TLS): such allocations are never sampled by the profiler nor guarded. */
+extern __thread bool mld_self_alloc MLD_HIDDEN;
+
 /* heap.c */
 /* The thread's heap and the heap profiler's sampling countdown (prof.h) in one TLS block: the malloc fast path
  * reaches both through one TLS offset (one GOT load in the shared library, not two). */

@@ -14,7 +14,6 @@ prof_options_t mld_prof_opt;
 __thread uint64_t mld_prof_left = (uint64_t)-1;   /* negative in a new thread: its first allocation initialises it */
 #endif
 #endif
-__thread bool mld_prof_busy;
 static __thread uint64_t tls_rng;            /* xorshift64* state; 0: this thread's countdown not drawn yet */
 static __thread bool tls_fork_holder;        /* this thread holds the profiler lock for fork() */
 _Atomic(uint64_t) mld_prof_nlive;
@@ -124,15 +123,15 @@ static void boot(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   mld_prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-  mld_prof_busy = true;                       /* pthread_atfork may allocate */
+  mld_self_alloc = true;                       /* pthread_atfork may allocate */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   mld_prof_dump_boot();
-  mld_prof_busy = false;
+  mld_self_alloc = false;
   atomic_store(&boot_state, 2);
 }
 
 bool mld_prof_take(size_t size) {
-  if (mld_prof_busy) { mld_prof_left = 0; return false; }     /* the profiler's own allocations: never sampled */
+  if (mld_self_alloc) { mld_prof_left = 0; return false; }     /* the profiler's own allocations: never sampled */
   mld_ensure_init();
   if (!mld_prof_opt.prof) { mld_prof_left = INT64_MAX; return false; }
   if (atomic_load_explicit(&boot_state, memory_order_acquire) != 2) {
@@ -275,8 +274,8 @@ static bool live_remove(uintptr_t k, live_t *out) {   /* lock held */
 
 /* ---- recording ---- */
 void mld_prof_record(void *p, size_t size, const void *ra) {
-  bool was_busy = mld_prof_busy;
-  mld_prof_busy = true;
+  bool was_busy = mld_self_alloc;
+  mld_self_alloc = true;
   if (mld_prof_safe_context()) mld_prof_unwinder_load();
   uintptr_t pcs[MLD_PROF_DEPTH];
   unsigned n = mld_prof_backtrace(pcs, MLD_PROF_DEPTH, (uintptr_t)ra);
@@ -296,7 +295,7 @@ void mld_prof_record(void *p, size_t size, const void *ra) {
   }
   mld_prof_unlock();
   mld_prof_dump_after_sample(w * (double)size);
-  mld_prof_busy = was_busy;
+  mld_self_alloc = was_busy;
 }
 
 static void unaccount(const live_t *e) {        /* lock held */

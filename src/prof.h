@@ -84,7 +84,6 @@ typedef struct prof_stack_s {
   uintptr_t pcs[];                          /* return addresses, innermost first */
 } prof_stack_t;
 
-extern __thread bool mld_prof_busy MLD_HIDDEN;            /* inside the profiler: this thread's allocations are not sampled */
 MLD_HIDDEN void mld_prof_lock(void);
 MLD_HIDDEN void mld_prof_unlock(void);
 MLD_HIDDEN bool mld_prof_forking(void);                    /* this thread runs fork() past the profiler's prepare handler */

@@ -43,8 +43,8 @@ static bool next_sample(void *ctx, mld_pprof_sample_t *out) {
 /* The profile is written from a snapshot, without the profiler lock: the writer reads the loader's lists (dladdr,
  * dl_iterate_phdr), and a thread inside dlopen that holds the loader's lock may be waiting for the profiler's. */
 static int dump_to(const char *path) {
-  bool was_busy = mld_prof_busy;
-  mld_prof_busy = true;
+  bool was_busy = mld_self_alloc;
+  mld_self_alloc = true;
   prof_snap_t *a;
   size_t bytes, n = mld_prof_snapshot(&a, &bytes);
   int err = ENOMEM;
@@ -58,7 +58,7 @@ static int dump_to(const char *path) {
     munmap(a, bytes);
   }
   if (!err) atomic_fetch_add(&dumps_written, 1);
-  mld_prof_busy = was_busy;
+  mld_self_alloc = was_busy;
   return err;
 }
 
@@ -113,7 +113,7 @@ void mld_prof_dump_fork_child(void) {
   if (mld_prof_opt.signal) sem_init(&signal_sem, 0, 0);
 }
 
-/* After each sample, no lock held, mld_prof_busy set. */
+/* After each sample, no lock held, mld_self_alloc set. */
 void mld_prof_dump_after_sample(double est_bytes) {
   if (mld_prof_opt.signal && !atomic_load_explicit(&thread_state, memory_order_relaxed) && mld_prof_safe_context()) {
     int expect = 0;
@@ -200,10 +200,10 @@ static void leak_report(void) {
  * last), so what those free is not reported as live. */
 __attribute__((destructor)) static void prof_at_exit(void) {
   if (!mld_prof_opt.prof) return;
-  mld_prof_busy = true;
+  mld_self_alloc = true;
   if (mld_prof_opt.final) dump_auto("final");
   if (mld_prof_opt.leak) leak_report();
-  mld_prof_busy = false;
+  mld_self_alloc = false;
 }
 
 /* ---- prof_signal's names ---- */

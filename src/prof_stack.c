@@ -15,7 +15,7 @@ static getip_fn u_getip;
 
 /* No profiler lock is held here (a thread inside dlopen may be waiting for it while holding the loader's lock), and
  * the caller checked that no dlopen is in progress (glibc asserts on a dlopen nested in another's mapping phase). The
- * loader's own allocations are not sampled (mld_prof_busy). */
+ * loader's own allocations are not sampled (mld_self_alloc). */
 void mld_prof_unwinder_load(void) {
   if (atomic_load_explicit(&unwinder_state, memory_order_acquire) != 0) return;
   int expect = 0;
