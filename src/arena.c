@@ -59,24 +59,77 @@ void mld_arenas_fork_prepare(void) { pthread_mutex_lock(&arenas_create_lock); }
 void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
 void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL); }
 
-/* ---- guard slabs (secure variant): the last OS page of some small pages is PROT_NONE while they are in use ----
- * Chosen by position, one page in guard_slab_interval slots (those whose span ends on a multiple of it), so
- * a linear overflow crosses at most that many slots of small pages before it faults. Set when the span is handed
- * out as a small page, undone before it returns to the free spans (the page cache keeps it guarded). */
+static void free_span_locked(arena_t *a, page_t *pg, uint64_t now);
+
+/* ---- protection of slots (secure variant) ----
+ * Guard slabs: the last OS page of some small pages is PROT_NONE, chosen by position, one page in
+ * guard_slab_interval slots (those whose span ends on a multiple of it), so a linear overflow crosses at most that
+ * many slots of small pages before it faults. A large block's span ends in a guard slot, PROT_NONE whole, and a
+ * freed large block from secure_noaccess_min on is PROT_NONE whole. None of this is undone when a span goes back to
+ * the free spans: the segment's masks (prot_tail, prot_full) record it, and a span is opened or guarded when it is
+ * handed out, only where its state differs from what its new use wants. A page that goes back and comes out again
+ * at the same place (a thread's pages, a large block's span) costs no mprotect at all. */
 #ifdef MALLARD_SECURE
+_Static_assert(MLD_SLOTS == 64, "one 64-bit mask per segment covers its slots");
+enum { WANT_OPEN, WANT_TAIL, WANT_FULL };   /* the span's last slot: accessible, guard page at its end, no access */
+
+typedef struct prot_plan_s {
+  uint8_t *open, *open_end;                 /* made PROT_READ|PROT_WRITE (NULL: nothing) */
+  uint8_t *close, *close_end;               /* made PROT_NONE (NULL: nothing) */
+  uint64_t bit;                             /* the last slot's mask bit */
+  int want;
+} prot_plan_t;
+
 static bool span_wants_guard(const page_t *pg) {
   unsigned n = mld_opt.guard_slab_interval;   /* option guard_slab_interval; 0: no guard slabs */
   return n && (slot_index(pg) + pg->slot_count) % n == 0;
 }
-static void span_set_guard(page_t *pg) {
-  uint8_t *end = page_start(pg) + ((size_t)pg->slot_count << MLD_SLOT_SHIFT);
-  if (mprotect(end - MLD_OS_PAGE, MLD_OS_PAGE, PROT_NONE) == 0) pg->guarded = 1;   /* else: an unguarded page */
+
+/* Slots [idx, idx + n) of a segment as mask bits (1 <= idx, idx + n <= 64). */
+static uint64_t slot_bits(size_t idx, size_t n) { return (n >= 64 ? ~0ull : (1ull << n) - 1) << idx; }
+
+/* Arena lock held, the span [pg, pg + n) taken: what to change so that all of it is accessible but its last slot
+ * (as `want` says), and the masks updated to that state already (the syscalls follow without the lock: the span is
+ * ours alone). */
+static prot_plan_t prot_plan(page_t *pg, size_t n, int want) {
+  segment_t *seg = segment_of(pg);
+  size_t idx = slot_index(pg), last = idx + n - 1;
+  uint64_t span = slot_bits(idx, n), lastbit = 1ull << last;
+  uint64_t tail = seg->prot_tail & span, full = seg->prot_full & span;
+  prot_plan_t p = { .bit = lastbit, .want = want };
+  bool done = (want == WANT_TAIL && (tail & lastbit) && !(full & lastbit)) || (want == WANT_FULL && (full & lastbit));
+  uint64_t open = (tail | full) & ~(want == WANT_OPEN ? 0 : lastbit);   /* a last slot to be closed whole: not opened */
+  if (want == WANT_TAIL && !done) open |= full & lastbit;                /* opened whole, then its tail closed */
+  if (open) {
+    p.open = (uint8_t *)seg + ((size_t)__builtin_ctzll(open) << MLD_SLOT_SHIFT);
+    p.open_end = (uint8_t *)seg + ((size_t)(64 - __builtin_clzll(open)) << MLD_SLOT_SHIFT);
+  }
+  if (!done && want != WANT_OPEN) {
+    p.close_end = (uint8_t *)seg + ((last + 1) << MLD_SLOT_SHIFT);
+    p.close = p.close_end - (want == WANT_TAIL ? MLD_OS_PAGE : MLD_SLOT_SIZE);
+  }
+  seg->prot_tail &= ~span;
+  seg->prot_full &= ~span;
+  if (want == WANT_TAIL) seg->prot_tail |= lastbit;
+  if (want == WANT_FULL) seg->prot_full |= lastbit;
+  return p;
 }
-static void span_unguard(page_t *pg) {
-  if (!pg->guarded) return;
-  uint8_t *end = page_start(pg) + ((size_t)pg->slot_count << MLD_SLOT_SHIFT);
-  mprotect(end - MLD_OS_PAGE, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
-  pg->guarded = 0;
+
+/* No lock held. false: the span could not be opened (mprotect failed, e.g. too many mappings). A guard that could
+ * not be placed is only missing: its bit is cleared, under the lock. */
+static bool prot_apply(arena_t *a, const prot_plan_t *p, bool *closed) {
+  *closed = !p->close;
+  if (p->open && mprotect(p->open, (size_t)(p->open_end - p->open), PROT_READ | PROT_WRITE) != 0) return false;
+  if (p->close) {
+    *closed = mprotect(p->close, (size_t)(p->close_end - p->close), PROT_NONE) == 0;
+    if (!*closed) {
+      segment_t *seg = segment_of(p->close);
+      arena_lock(a);
+      if (p->want == WANT_TAIL) seg->prot_tail &= ~p->bit; else seg->prot_full &= ~p->bit;
+      arena_unlock(a);
+    }
+  }
+  return true;
 }
 #endif
 
@@ -196,12 +249,21 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   mld_span_set_used(pg, slots, kind);
   pg->guarded = 0;
 #ifdef MALLARD_SECURE
-  bool guard = kind == PAGE_SMALL && span_wants_guard(pg);
+  int want = kind == PAGE_LARGE ? WANT_FULL : kind == PAGE_SMALL && span_wants_guard(pg) ? WANT_TAIL : WANT_OPEN;
+  prot_plan_t plan = prot_plan(pg, slots, want);
 #endif
   mld_arena_maybe_purge(a, mld_now_ms());
   arena_unlock(a);
 #ifdef MALLARD_SECURE
-  if (guard) span_set_guard(pg);   /* the span is ours alone now: no syscall under the lock */
+  bool closed;
+  if (!prot_apply(a, &plan, &closed)) {   /* unusable: back to the free spans, all of it counted as protected */
+    arena_lock(a);
+    segment_of(pg)->prot_full |= slot_bits(slot_index(pg), slots);
+    free_span_locked(a, pg, mld_now_ms());
+    arena_unlock(a);
+    return NULL;
+  }
+  pg->guarded = want == WANT_TAIL && closed;
 #endif
   return pg;
 }
@@ -244,9 +306,6 @@ static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
 }
 
 void mld_arena_free_span(arena_t *a, page_t *pg) {
-#ifdef MALLARD_SECURE
-  span_unguard(pg);
-#endif
   arena_lock(a);
   uint64_t now = mld_now_ms();
   pg->user = NULL;
@@ -255,6 +314,16 @@ void mld_arena_free_span(arena_t *a, page_t *pg) {
   arena_unlock(a);
   mld_dirty_notify();
 }
+
+#ifdef MALLARD_SECURE
+/* A freed large block's span, made PROT_NONE whole by its caller: it goes back as it is. */
+void mld_arena_free_span_noaccess(arena_t *a, page_t *pg) {
+  arena_lock(a);
+  segment_of(pg)->prot_full |= slot_bits(slot_index(pg), pg->slot_count);
+  arena_unlock(a);
+  mld_arena_free_span(a, pg);
+}
+#endif
 
 /* Take an abandoned page of class `cls` for heap h; the caller collects its remote frees. */
 /* The head of an abandoned list is written with relaxed atomic stores (always under the lock): adopters peek at
@@ -315,9 +384,6 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
         if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
-#ifdef MALLARD_SECURE
-        span_unguard(pg);
-#endif
         free_span_locked(a, pg, now);
       }
       pg = next;
@@ -325,7 +391,8 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
   }
 }
 
-/* Grow a large block in place by absorbing the free span right after it. */
+/* Grow a large block in place by absorbing the free span right after it. Secure variant: the guard slot moves to
+ * the new end (closed before the old one is opened). */
 bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
   size_t n = pg->slot_count;
   if (slot_index(pg) + new_slots > MLD_SLOTS) return false;
@@ -349,16 +416,46 @@ bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
     pg->user = user;
     ok = true;
   }
+#ifdef MALLARD_SECURE
+  prot_plan_t plan;
+  if (ok) plan = prot_plan(pg, new_slots, WANT_FULL);
+#endif
   arena_unlock(a);
+#ifdef MALLARD_SECURE
+  if (ok) {
+    prot_plan_t close_first = plan, open_then = plan;   /* the new guard first: the block is never unguarded */
+    close_first.open = NULL;
+    open_then.close = NULL;
+    bool closed;
+    prot_apply(a, &close_first, &closed);
+    if (!prot_apply(a, &open_then, &closed)) {   /* the grown part cannot be opened: give it back, still guarded */
+      arena_lock(a);
+      segment_of(pg)->prot_full |= slot_bits(slot_index(pg) + n - 1, new_slots - n + 1);   /* in doubt: closed */
+      arena_unlock(a);
+      mld_arena_shrink_large(a, pg, n);
+      return false;
+    }
+  }
+#endif
   return ok;
 }
 
-/* Give the tail of a large block back, keeping its first new_slots slots. */
+/* Give the tail of a large block back, keeping its first new_slots slots. Secure variant: the block's new last slot
+ * becomes its guard slot (closed before the tail goes; the tail's old guard slot stays closed, recorded). */
 void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
   size_t n = pg->slot_count;
   if (new_slots >= n) return;
+#ifdef MALLARD_SECURE
+  uint8_t *guard = page_start(pg) + ((new_slots - 1) << MLD_SLOT_SHIFT);
+  bool closed = mprotect(guard, MLD_SLOT_SIZE, PROT_NONE) == 0;
+#endif
   arena_lock(a);
   uint64_t now = mld_now_ms();
+#ifdef MALLARD_SECURE
+  segment_t *seg = segment_of(pg);
+  uint64_t bit = 1ull << (slot_index(pg) + new_slots - 1);
+  if (closed) seg->prot_full |= bit; else seg->prot_full &= ~bit;
+#endif
   page_t *tail = pg + new_slots;
   mld_span_set_used(tail, n - new_slots, PAGE_LARGE);
   void *user = pg->user;

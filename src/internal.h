@@ -112,6 +112,10 @@ typedef struct segment_s {
   void *user;                            /* huge: the pointer handed out */
   size_t user_size;                      /* huge: usable bytes from user */
   uint64_t dirty_since;                  /* huge cache entry: when it was freed, ms */
+  /* Secure variant, normal segment (arena lock held): slots whose last OS page is PROT_NONE (guard slabs), and
+   * slots that are PROT_NONE whole (large blocks' guard slots, freed large blocks). A bit may over-state the
+   * protection (it costs one mprotect more) but never under-state it. */
+  uint64_t prot_tail, prot_full;
   page_t pages[MLD_SLOTS];
 } segment_t;
 
@@ -341,6 +345,7 @@ MLD_HIDDEN int mld_arena_create(void);
 MLD_HIDDEN page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero);   /* a large block's span */
 MLD_HIDDEN page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero);
 MLD_HIDDEN void mld_arena_free_span(arena_t *a, page_t *pg);
+MLD_HIDDEN void mld_arena_free_span_noaccess(arena_t *a, page_t *pg);   /* secure: a span made PROT_NONE whole */
 MLD_HIDDEN page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h);
 MLD_HIDDEN void mld_arena_abandon(arena_t *a, page_t *pg);
 MLD_HIDDEN bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots);

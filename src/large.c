@@ -27,9 +27,9 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 /* Freed bytes [p, p + n) (OS-page aligned): wiped under zero_on_free (purged: the kernel drops them and they read
  * back as zero; `wipe`, the bytes accessible now, is cleared when madvise fails), and PROT_NONE from
  * secure_noaccess_min (option) on. Without zero_on_free they stay resident (reused without page faults), unreadable. */
-static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
+static bool noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
   if ((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) && !mld_os_purge(p, n)) memset(wipe, 0, wipe_len);
-  if (block_size >= mld_opt.secure_noaccess_min) mprotect(p, n, PROT_NONE);
+  return block_size >= mld_opt.secure_noaccess_min && mprotect(p, n, PROT_NONE) == 0;
 }
 
 /* Freed large blocks wait here, inaccessible, before their spans go back to the arena: the next large malloc
@@ -38,16 +38,17 @@ static void noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, siz
 static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
 static page_t *quarantine[MLD_LARGE_QUARANTINE_MAX];   /* the first large_quarantine entries are used */
 
+/* The span goes back as it is, closed or not (the arena opens it when it is handed out again); pg->guarded says
+ * which while the block waits. */
 static void large_release(page_t *pg) {
-  uint8_t *start = page_start(pg);
-  mprotect(start, (size_t)pg->slot_count << MLD_SLOT_SHIFT, PROT_READ | PROT_WRITE);   /* guard page included */
-  mld_arena_free_span(segment_of(pg)->arena, pg);
+  if (pg->guarded) mld_arena_free_span_noaccess(segment_of(pg)->arena, pg);
+  else mld_arena_free_span(segment_of(pg)->arena, pg);
 }
 
 static void large_quarantine(page_t *pg) {
   uint8_t *start = page_start(pg);
   size_t bytes = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
-  noaccess(start, bytes, pg->large_size, start, bytes - MLD_SLOT_SIZE);   /* the last slot holds the guard */
+  pg->guarded = noaccess(start, bytes, pg->large_size, start, bytes - MLD_SLOT_SIZE);   /* last slot: the guard */
   unsigned n = mld_opt.large_quarantine;   /* option large_quarantine: <= MLD_LARGE_QUARANTINE_MAX (options.c) */
   if (!n) { large_release(pg); return; }
   size_t i = (size_t)(mld_random64() % n);
@@ -69,8 +70,8 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     return mld_huge_alloc(h, size, align, zero);
   size_t slots = (span + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
 #ifdef MALLARD_SECURE
-  /* One slot more, whose first OS page is a guard right after the block (the usable size stays what nallocx
-   * promises); a span too long for a segment becomes a huge block of that usable size. */
+  /* One slot more, PROT_NONE whole (the arena closes it): a guard right after the block (the usable size stays what
+   * nallocx promises); a span too long for a segment becomes a huge block of that usable size. */
   if (slots + 1 > MLD_USABLE_SLOTS) return mld_huge_alloc(h, (slots << MLD_SLOT_SHIFT) - extra, align, zero);
   slots++;
 #endif
@@ -83,7 +84,6 @@ void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   pg->user = p;
   /* p - start <= extra: what is promised does not depend on where the aligned pointer landed (= nallocx). */
 #ifdef MALLARD_SECURE
-  mprotect(start + ((slots - 1) << MLD_SLOT_SHIFT), MLD_OS_PAGE, PROT_NONE);
   slots--;
 #endif
   pg->large_size = (slots << MLD_SLOT_SHIFT) - extra;
@@ -123,20 +123,14 @@ bool mld_large_resize_in_place(page_t *pg, size_t size) {
   arena_t *a = segment_of(pg)->arena;
   size_t old = pg->large_size;
 #ifdef MALLARD_SECURE
-  /* The guard slot moves with the block's end: the new guard page is protected before the old one is opened, and
-   * a tail given back is opened (and wiped under zero_on_free) first: the arena only holds accessible memory. */
+  /* The guard slot moves with the block's end (the arena closes the new one before it opens the old); a tail
+   * given back is wiped under zero_on_free first. */
   slots++;
-  uint8_t *old_guard = start + (((size_t)pg->slot_count - 1) << MLD_SLOT_SHIFT);
-  uint8_t *new_guard = start + ((slots - 1) << MLD_SLOT_SHIFT);
   if (slots < pg->slot_count) {
-    mprotect(new_guard, MLD_OS_PAGE, PROT_NONE);
-    mprotect(old_guard, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
     if (MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) mld_os_purge(start + (slots << MLD_SLOT_SHIFT), (pg->slot_count - slots) << MLD_SLOT_SHIFT);
     mld_arena_shrink_large(a, pg, slots);
   } else if (slots > pg->slot_count) {
     if (!mld_arena_grow_large(a, pg, slots)) return false;
-    mprotect(new_guard, MLD_OS_PAGE, PROT_NONE);
-    mprotect(old_guard, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
   }
   pg->large_size = (((size_t)pg->slot_count - 1) << MLD_SLOT_SHIFT) - head;
 #else

@@ -85,6 +85,29 @@ static int page_is_prot_none(uintptr_t addr) {
   return found;   /* 1: PROT_NONE, 2: accessible, 0: not mapped */
 }
 
+/* A linear overflow of 8 KiB past a 4000-byte block of a small page that ends in a guard page (found through
+ * /proc/self/maps among 300 blocks; the fast variant has none: the overflow runs past the last block). */
+static void slab_guard_overflow(void) {
+  char *q = NULL;
+  for (int i = 0; i < 300 && !q; i++) {
+    char *b = malloc(4000);
+    uintptr_t end = ((uintptr_t)b + malloc_usable_size(b) + 8 + 4095) & ~(uintptr_t)4095;
+    if (page_is_prot_none(end) == 1 || page_is_prot_none(end + 4096) == 1) q = b;
+    if (i == 299 && !q) q = b;
+  }
+  opaque_memset(q, 0x41, malloc_usable_size(q) + 8192);
+}
+
+/* A thread that takes pages of 4000-byte blocks, writes every byte, frees everything and exits. */
+static void *fill_pages_and_exit(void *arg) {
+  (void)arg;
+  char *b[300];
+  for (int i = 0; i < 300; i++) { b[i] = malloc(4000); opaque_memset(b[i], 0x5a, malloc_usable_size(b[i])); }
+  for (int i = 0; i < 300; i++) free(b[i]);
+  return NULL;
+}
+
+
 /* The option as Mallard reports it through mallard_ctl (looked up: the program does not link Mallard). */
 static int reported_bool(const char *name) {
   int (*ctl)(const char *, void *, size_t *, void *, size_t) =
@@ -368,16 +391,25 @@ int main(int argc, char **argv) {
     printf("%d\n", again);
     return 0;
   } else if (!strcmp(m, "slab-guard")) {
-    /* A linear overflow of 8 KiB past a 4000-byte block of a small page that ends in a guard page (found through
-     * /proc/self/maps among 300 blocks; the fast variant has none: the overflow runs past the last block). */
-    char *q = NULL;
-    for (int i = 0; i < 300 && !q; i++) {
-      char *b = malloc(4000);
-      uintptr_t end = ((uintptr_t)b + malloc_usable_size(b) + 8 + 4095) & ~(uintptr_t)4095;
-      if (page_is_prot_none(end) == 1 || page_is_prot_none(end + 4096) == 1) q = b;
-      if (i == 299 && !q) q = b;
-    }
-    opaque_memset(q, 0x41, malloc_usable_size(q) + 8192);
+    slab_guard_overflow();
+  } else if (!strcmp(m, "slab-guard-reused")) {
+    /* The same once a thread's pages went back to the free spans and came out again (their guards stay). */
+    run_thread(fill_pages_and_exit);
+    printf("filled\n");
+    fflush(stdout);
+    slab_guard_overflow();
+  } else if (!strcmp(m, "large-reused-guard")) {
+    /* 30 blocks of 1 MiB freed: all but the quarantine's 8 go back to the arena closed, and every free span that
+     * can hold 1 MiB is one of them (or made of them). Then one written whole (the arena opened it) and
+     * overflowed by 100 bytes (its guard slot was kept closed). */
+    void *old[30];
+    for (int i = 0; i < 30; i++) old[i] = opaque(malloc(1u << 20));
+    for (int i = 0; i < 30; i++) free(old[i]);
+    char *q = malloc(1u << 20);
+    opaque_memset(q, 0x41, malloc_usable_size(q));
+    printf("filled\n");
+    fflush(stdout);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
   } else if (!strcmp(m, "large-guard")) {
     char *q = malloc(1u << 20);
     opaque_memset(q, 0x41, malloc_usable_size(q) + 100);   /* 100 bytes past a 1 MiB block */
