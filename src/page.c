@@ -38,7 +38,11 @@ bool mld_page_extend(page_t *pg) {
   uint8_t *first = page_start(pg) + (size_t)pg->capacity * bs;
 #ifdef MALLARD_SECURE
   block_t *order[EXTEND_BYTES / 16 > 4 ? EXTEND_BYTES / 16 : 4];   /* n <= max(4, EXTEND_BYTES / 16) */
-  for (size_t i = 0; i < n; i++) order[i] = (block_t *)(first + i * bs);
+  bool canary = bs <= MLD_CANARY_MAX;
+  for (size_t i = 0; i < n; i++) {
+    order[i] = (block_t *)(first + i * bs);
+    if (canary) *canary_at(pg, order[i]) = canary_value(pg, order[i]);   /* armed once: kept while free */
+  }
   mld_shuffle(order, n);   /* random allocation order inside each carved chunk */
   for (size_t i = 0; i + 1 < n; i++) blk_set_next(pg, order[i], order[i + 1]);
   blk_set_next(pg, order[n - 1], pg->free);

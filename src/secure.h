@@ -189,7 +189,11 @@ static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
  * A keyed hash of the block's address with its page's key (a 128-bit multiply by the key, folded): the key is
- * not stored in any byte a program can read, and a canary read from one page says nothing about another page. */
+ * not stored in any byte a program can read, and a canary read from one page says nothing about another page.
+ * Armed when the block is carved (page.c) and never rewritten while the page keeps its key: every free checks it
+ * and nothing writes past a free block's usable bytes (links are in its first word; wipes and junk fills stop at
+ * the usable size), so a block handed out again still carries it. A write after free that damages it is
+ * reported at the block's next free. */
 static inline uint64_t *canary_at(const page_t *pg, const void *b) {
   return (uint64_t *)((uint8_t *)b + pg->block_size - MLD_CANARY);
 }
@@ -211,8 +215,8 @@ static inline void secure_wipe(void *p, size_t n) {
 #endif
 }
 
-/* A small block is handed out (its link already decoded): it must be free, it becomes live, its link word is
- * cleared (it held the next free block's encrypted address) and its canary armed. */
+/* A small block is handed out (its link already decoded): it must be free, it becomes live, and its link word is
+ * cleared (it held the next free block's encrypted address). Its canary is in place already. */
 static inline void secure_on_alloc(const page_t *pg, block_t *b) {
   if (unlikely(!bm_claim(b))) {
     /* freed by another thread after its owner freed it (a double free found now), or a corrupted list */
@@ -220,7 +224,7 @@ static inline void secure_on_alloc(const page_t *pg, block_t *b) {
     mld_secure_fail("free list corrupted: the next block to hand out is not free:", b);
   }
   b->next = NULL;
-  if (pg->block_size <= MLD_CANARY_MAX) *canary_at(pg, b) = canary_value(pg, b);
+  (void)pg;
 }
 /* A small block is about to be resized or copied (any thread): live, not freed by another thread, canary intact. */
 static inline void secure_check_free(const page_t *pg, const void *b) {
@@ -240,7 +244,7 @@ static inline void secure_owner_release(const page_t *pg, const void *b) {
 static inline void secure_remote_release(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_remote_claim(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
-  if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, pg->block_size);
+  if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, mld_block_usable(pg->block_size));
 }
 #else
 #define MLD_SECURE_BUILD false
@@ -265,7 +269,7 @@ static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
   if (unlikely(mld_opt.owner_free_flags)) {
     /* read again (relaxed atomic: not merged with the test above, which stays one compare with memory) */
     uint8_t f = __atomic_load_n(&mld_opt.owner_free_flags, __ATOMIC_RELAXED);
-    if (f & MLD_OWNER_FREE_WIPE) secure_wipe(b, pg->block_size);
+    if (f & MLD_OWNER_FREE_WIPE) secure_wipe(b, mld_block_usable(pg->block_size));   /* the canary stays */
     if (f & MLD_OWNER_FREE_FIRST) head = NULL;   /* no delayed reuse: pushed first, as an empty list's block is */
   }
   if (likely(head != NULL)) {

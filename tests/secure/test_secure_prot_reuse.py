@@ -33,3 +33,10 @@ def test_spans_reused_across_kinds_are_open_where_handed_out():
     """Large blocks freed closed, grown and shrunk in place, and small pages cut from the same spans: every byte
     written (a closed page left inside a block would fault)."""
     assert run("mixed") == "ok"
+
+
+def test_wiped_and_junked_blocks_keep_their_canary():
+    """zero_on_free and junk:free wipe or fill a freed block's usable bytes but not its canary (armed once, when
+    the block is carved): blocks freed and handed out again are freed again without a false overflow report."""
+    assert run("mixed", "guard_sample:0,zero_on_free:true") == "ok"
+    assert run("mixed", "guard_sample:0,junk:true") == "ok"
