@@ -75,7 +75,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t keep_check;                    /* multi-slot small page not (yet) kept empty as current: ask on empty */
   uint8_t purged;                        /* free span: memory was given back to the OS */
   uint8_t zero;                          /* free span or large block: memory known to be zero */
-  uint8_t guarded;                       /* secure variant: small page whose last OS page is a guard (PROT_NONE) */
+  uint8_t guarded;                       /* secure: small page whose last OS page is a guard; large block in the
+                                          * quarantine that was made PROT_NONE whole (large.c) */
   union {
     struct {                             /* a large block or a free span */
       void *user;                        /* large block: the pointer handed out (checked on free) */
