@@ -37,6 +37,15 @@ class Server(redis_server.Server):
     def info_memory(self) -> dict:
         return {k: v for k, v in re.findall(r"^(\w+):(\S+)", self.cli("INFO", "memory"), re.M)}
 
+    def info_memory_after(self, at_least: int) -> dict:
+        """INFO memory once its allocator_* figures reach `at_least` bytes: Redis refreshes them from its cron (every
+        100 ms), so the INFO that follows a DEBUG POPULATE at once may still show the figures from before it."""
+        deadline = time.monotonic() + 30
+        while int((info := self.info_memory())["allocator_allocated"]) < at_least:
+            assert time.monotonic() < deadline, f"allocator_allocated stayed at {info['allocator_allocated']}"
+            time.sleep(0.05)
+        return info
+
     def rss_kb(self) -> int:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))
@@ -67,7 +76,7 @@ def test_redis_info_memory_matches_mallards_own_statistics(server):
     """100k keys of ~200 bytes: INFO memory's allocator_* are Mallard's own figures (read live from the process
     by `mallard stats`), within 10%; MEMORY MALLOC-STATS is Mallard's report."""
     assert server.cli("DEBUG", "POPULATE", "100000", "key", "200") == "OK"
-    info = server.info_memory()
+    info = server.info_memory_after(20 << 20)
     own = mallard_stats(server.proc.pid)
     for redis_key, ours in (("allocator_allocated", "allocated"), ("allocator_active", "active"),
                             ("allocator_resident", "resident")):
@@ -81,7 +90,7 @@ def test_redis_info_memory_matches_mallards_own_statistics(server):
 def test_redis_info_memory_and_purge_reach_mallard(server):
     assert "/libmallard.so" in Path(f"/proc/{server.proc.pid}/maps").read_text()
     assert server.cli("DEBUG", "POPULATE", "200000", "key", "256") == "OK"   # about 60 MB
-    info = server.info_memory()
+    info = server.info_memory_after(50 << 20)
     allocated, active, resident = (int(info[k]) for k in ("allocator_allocated", "allocator_active",
                                                           "allocator_resident"))
     used = int(info["used_memory"])
