@@ -21,12 +21,15 @@ static void heap_destructor(void *arg) {
   mld_heap_abandon(h);
 }
 
-/* Lock order: purge, arena creation, heaps, arenas by index, huge cache, metadata, guarded pool (a leaf: its holder
- * takes no other allocator lock). */
+/* Lock order: heaps (the exit heap, then the list of heaps), purge, arena creation, arenas by index, huge cache,
+ * metadata, guarded pool (a leaf: its holder takes no other allocator lock). Heaps before purge: a sweep holds the
+ * exit heap's lock while the pages it frees notify the purging thread (bg_lock); purge before arenas: that thread
+ * holds bg_lock while it reads the arenas' deadlines. Heaps before arena creation: the exit heap's first page may
+ * create arena 0. */
 static void fork_prepare(void) {
+  mld_heaps_lock();
   mld_purge_fork_prepare();
   mld_arenas_fork_prepare();
-  mld_heaps_lock();
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) pthread_mutex_lock(&mld_arenas[i]->lock);
   mld_huge_fork_prepare();
@@ -40,9 +43,9 @@ static void fork_parent(void) {
   mld_huge_fork_parent();
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = n; i-- > 0;) pthread_mutex_unlock(&mld_arenas[i]->lock);
-  mld_heaps_unlock();
   mld_arenas_fork_parent();
   mld_purge_fork_parent();
+  mld_heaps_unlock();
 }
 
 static void fork_child(void) {
