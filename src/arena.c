@@ -305,8 +305,14 @@ static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
   if (!a->next_purge_ms || a->next_purge_ms > now + mld_purge_age()) a->next_purge_ms = now + mld_purge_age();
 }
 
-void mld_arena_free_span(arena_t *a, page_t *pg) {
+/* A span goes back; `closed`: the mask bits of its slots that its caller made PROT_NONE whole (secure variant). */
+static void free_span(arena_t *a, page_t *pg, uint64_t closed) {
   arena_lock(a);
+#ifdef MALLARD_SECURE
+  segment_of(pg)->prot_full |= closed;   /* recorded before the span can coalesce or be handed out */
+#else
+  (void)closed;
+#endif
   uint64_t now = mld_now_ms();
   pg->user = NULL;
   free_span_locked(a, pg, now);
@@ -315,13 +321,12 @@ void mld_arena_free_span(arena_t *a, page_t *pg) {
   mld_dirty_notify();
 }
 
+void mld_arena_free_span(arena_t *a, page_t *pg) { free_span(a, pg, 0); }
+
 #ifdef MALLARD_SECURE
 /* A freed large block's span, made PROT_NONE whole by its caller: it goes back as it is. */
 void mld_arena_free_span_noaccess(arena_t *a, page_t *pg) {
-  arena_lock(a);
-  segment_of(pg)->prot_full |= slot_bits(slot_index(pg), pg->slot_count);
-  arena_unlock(a);
-  mld_arena_free_span(a, pg);
+  free_span(a, pg, slot_bits(slot_index(pg), pg->slot_count));
 }
 #endif
 
@@ -441,7 +446,9 @@ bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
 }
 
 /* Give the tail of a large block back, keeping its first new_slots slots. Secure variant: the block's new last slot
- * becomes its guard slot (closed before the tail goes; the tail's old guard slot stays closed, recorded). */
+ * becomes its guard slot (closed before the tail goes; the tail's old guard slot stays closed, recorded). Not through
+ * prot_plan: the new guard slot lies inside the block, open by construction, so there is nothing to plan, and closing
+ * it before taking the lock keeps the block guarded at every moment with one lock round. */
 void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
   size_t n = pg->slot_count;
   if (new_slots >= n) return;
