@@ -1,9 +1,10 @@
 /* test_fork_sweep.c — the fork handlers take the exit heap's lock before the purging thread's (a sweep's order). */
 /* A sweep holds the exit heap's lock while the pages it gives back notify the purging thread, which takes bg_lock
  * when that thread is idle. The fork handlers once took bg_lock first and the exit heap's lock after it: a fork
- * meeting such a sweep deadlocked (4 of 16 race-delay model runs hung when run 16 at once). Here the meeting is made deterministic: this
- * thread holds the exit heap's lock, another thread forks (its handlers wait for that lock), and then this thread
- * notifies the idle purging thread, as the sweep does. A watchdog fails the test if that notification never returns. */
+ * meeting such a sweep deadlocked (4 of 16 race-delay model runs hung when run 16 at once). Here the meeting is made
+ * deterministic: this thread holds the exit heap's lock, another thread forks (its handlers wait for that lock), and
+ * then this thread notifies the idle purging thread, as the sweep does. A watchdog fails the test if that
+ * notification never returns. */
 #include "mtest.h"
 #include "internal.h"
 #include "stats.h"
