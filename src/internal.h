@@ -197,6 +197,9 @@ typedef struct outbox_s {
   page_t *page;                          /* destination page; NULL: slot empty */
   block_t *head, *tail;                  /* the chain, linked through block->next */
   uint32_t count, bytes;
+#ifdef MALLARD_SECURE
+  block_t *recent[4];                    /* the chain's last four blocks, by count % 4 (secure.h: skip hints) */
+#endif
 } outbox_t;
 
 typedef struct heap_s {

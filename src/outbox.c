@@ -68,6 +68,15 @@ void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
   uint32_t bs = pg->block_size;
   if (e->page == pg) {
     blk_set_next(pg, b, e->head);   /* encrypted in the secure variant, as on the page's lists */
+#ifdef MALLARD_SECURE
+    /* The skip hint (secure.h): recent[count % 4] holds the block added four frees ago, which the owner reaches
+     * four steps after this one. 16-byte blocks have no second word to spare (their canary is there). */
+    if (bs > 16) {
+      unsigned i = e->count % MLD_SKIP_DISTANCE;
+      if (e->count >= MLD_SKIP_DISTANCE) *skip_word(b) = link_encode(skip_key(pg), e->recent[i]);
+      e->recent[i] = b;
+    }
+#endif
     e->head = b;
     e->count++;
     e->bytes += bs;
@@ -76,6 +85,9 @@ void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
     b->next = NULL;
     e->page = pg;
     e->head = e->tail = b;
+#ifdef MALLARD_SECURE
+    e->recent[0] = b;   /* the chain's first block carries no hint (it is the last the owner reaches) */
+#endif
     e->count = 1;
     e->bytes = bs;
   }

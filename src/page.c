@@ -57,6 +57,40 @@ bool mld_page_extend(page_t *pg) {
   return true;
 }
 
+#ifdef MALLARD_SECURE
+/* The remote bits a collection clears, gathered by bitmap word: a direct-mapped table of 64 words (a one-slot page
+ * has exactly 64; a larger page's words share entries, and an entry taken by another word is released first). */
+typedef struct remote_masks_s {
+  uint64_t touched;                      /* entries in use */
+  uint64_t *word[64];
+  uint64_t mask[64];
+} remote_masks_t;
+
+/* Clear an entry's bits in its remote word; all must be set (only the holder clears remote bits), or the list
+ * named a block whose remote free never happened. */
+static void remote_masks_flush(remote_masks_t *rm, unsigned i, const void *near) {
+  if (unlikely(!bm_remote_release(rm->word[i], rm->mask[i]))) mld_secure_fail("remote free list corrupted near", near);
+}
+
+static inline void remote_masks_add(remote_masks_t *rm, const void *b) {
+  uint64_t *w = bm_remote_word(bm_word(b)), bit = (uint64_t)1 << (bm_bit_index(b) & 63);
+  unsigned i = (unsigned)(bm_granule(b) >> 6) & 63;
+  uint64_t e = (uint64_t)1 << i;
+  if ((rm->touched & e) && rm->word[i] == w) {
+    rm->mask[i] |= bit;
+    return;
+  }
+  if (rm->touched & e) remote_masks_flush(rm, i, b);   /* another word of a multi-slot page: released now */
+  rm->touched |= e;
+  rm->word[i] = w;
+  rm->mask[i] = bit;
+}
+
+static void remote_masks_release(remote_masks_t *rm, const void *near) {
+  for (uint64_t t = rm->touched; t; t &= t - 1) remote_masks_flush(rm, (unsigned)__builtin_ctzll(t), near);
+}
+#endif
+
 /* Take every remote free of the page; returns how many blocks came back. */
 size_t mld_page_collect_remote(page_t *pg) {
   if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed) == NULL) return 0;
@@ -67,24 +101,32 @@ size_t mld_page_collect_remote(page_t *pg) {
 #ifdef MALLARD_SECURE
   /* Block by block, trusting no count a block holds: each must be a carved block start of the page (blk_next),
    * live and freed by another thread (1,1: secure.h), and there are at most `used` of them (a longer list has a
-   * cycle). Live bits are cleared one by one (plain stores), remote bits a word at a time. */
-  uint64_t *rword = NULL, rmask = 0;
+   * cycle). Live bits are cleared one by one (plain stores, the owner's lines). Remote bits are gathered into
+   * per-word masks and cleared once per word after the walk (one locked `and` per word, not per block: the list
+   * comes in random order, and these lines are the ones other threads' frees write). */
+  remote_masks_t rm;
+  rm.touched = 0;
+  bool skips = pg->block_size > 16;   /* skip hints (secure.h) */
+  uint64_t skey = skip_key(pg);
   for (;;) {
+    if (skips) {
+      uintptr_t *sw = skip_word(tail), s = *sw;
+      /* A hint is only prefetched (an address it decodes to wrongly costs a useless prefetch, never a fault),
+       * and cleared: a block handed out again holds no stored address. */
+      if (s) {
+        __builtin_prefetch((const void *)link_decode(skey, s));
+        *sw = 0;
+      }
+    }
     if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
     if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
-    uint64_t *rw = bm_remote_word(bm_word(tail)), bit = (uint64_t)1 << (bm_bit_index(tail) & 63);
-    if (rw != rword) {
-      if (rword && unlikely(!bm_remote_release(rword, rmask))) mld_secure_fail("remote free list corrupted near", tail);
-      rword = rw;
-      rmask = 0;
-    }
-    rmask |= bit;
+    remote_masks_add(&rm, tail);
     block_t *next = blk_next(pg, tail);
     if (!next) break;
     tail = next;
     n++;
   }
-  if (unlikely(!bm_remote_release(rword, rmask))) mld_secure_fail("remote free list corrupted near", tail);
+  remote_masks_release(&rm, tail);
 #else
   /* Batch by batch (outbox.c): each batch's first block gives its last block and its length. */
   n = 0;

@@ -96,6 +96,17 @@ static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
   b->next = (block_t *)link_encode(pg->list_key, n);
 }
 
+/* ---- skip hints on a remote-free chain ----
+ * The owner walks a chain of remote frees block by block, each one's line last written by the freeing thread: a
+ * serial walk waits for one cache miss at a time. A block of a chain (of a class above 16 bytes: the second word
+ * is usable) holds in its second word the encrypted address of the block four places further on, which the owner
+ * prefetches and then clears (it is a hint: never followed, never trusted; the key is tweaked, so a hint copied
+ * into a link word decodes to garbage). */
+#define MLD_SKIP_DISTANCE 4                                   /* outbox_t.recent holds this many blocks */
+#define MLD_SKIP_TWEAK 0x5bd1e9955bd1e995ull
+static inline uintptr_t *skip_word(block_t *b) { return (uintptr_t *)b + 1; }
+static inline uint64_t skip_key(const page_t *pg) { return pg->list_key ^ MLD_SKIP_TWEAK; }
+
 /* ---- two bitmaps, a bit per 16-byte granule of the segment, for the small block that starts there ----
  * live: set while the block is handed out. Written only by whoever holds the block's page (its owner, or a sweep
  * or an adopter under the locks that keep the owner out): plain loads and stores, no locked instruction. A word

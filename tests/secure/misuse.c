@@ -13,6 +13,14 @@
 
 static void *shared;
 static void *remote_free(void *arg) { (void)arg; free(shared); return NULL; }
+/* remote_free_all: another thread frees remote_batch[0 .. remote_count). */
+static void **remote_batch;
+static int remote_count;
+static void *remote_free_all(void *arg) {
+  (void)arg;
+  for (int i = 0; i < remote_count; i++) free(remote_batch[i]);
+  return NULL;
+}
 static void *volatile sink;
 static void *opaque(void *p);
 
@@ -363,6 +371,47 @@ int main(int argc, char **argv) {
     }
     if (nonzero) printf("nonzero %d\n", nonzero);
     else printf("clean\n");
+    return 0;
+  } else if (!strcmp(m, "remote-words")) {
+    /* Blocks freed by another thread come back to their owner by its collection, which reads and clears the skip
+     * hint in their second word (the secure variant's encrypted address of a block further on the chain). Prints
+     * "clean" when the second word of every block handed out afterwards is 0 or what the program wrote there,
+     * else "hint N": N blocks hand out a stored address. */
+    enum { N = 256, AGAIN = 1200 };
+    static void *blocks[N];
+    for (int i = 0; i < N; i++) opaque_memset(blocks[i] = malloc(48), 0x11, 48);
+    remote_batch = blocks;
+    remote_count = N;
+    run_thread(remote_free_all);   /* its outbox is sent when it exits */
+    int hint = 0;
+    for (int i = 0; i < AGAIN; i++) {
+      uint64_t *q = opaque(malloc(48));
+      uint64_t w = ((volatile uint64_t *)q)[1];
+      if (w != 0 && w != 0x1111111111111111ull) hint++;
+    }
+    if (hint) printf("hint %d\n", hint);
+    else printf("clean\n");
+    return 0;
+  } else if (!strcmp(m, "remote-rounds")) {
+    /* Rounds of blocks of several sizes (small pages and multi-slot pages) allocated here and freed by another
+     * thread in shuffled order: each collection must clear every remote bit it takes (a bit left set makes the next
+     * remote free of the block, handed out again, a false double free). Prints "ok". */
+    enum { N = 192, ROUNDS = 12 };
+    static void *blocks[N];
+    static const size_t sizes[] = { 48, 1000, 16384, 32768 };   /* 16 and 32 KiB: words 64 KiB apart share a table entry */
+    uint64_t x = 88172645463325252ull;
+    for (int r = 0; r < ROUNDS; r++) {
+      for (int i = 0; i < N; i++) blocks[i] = opaque(malloc(sizes[(i + r) % 4]));
+      for (int i = N - 1; i > 0; i--) {   /* freed in an order unrelated to their addresses */
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        int j = (int)(x % (uint64_t)(i + 1));
+        void *t = blocks[i]; blocks[i] = blocks[j]; blocks[j] = t;
+      }
+      remote_batch = blocks;
+      remote_count = N;
+      run_thread(remote_free_all);
+    }
+    printf("ok\n");
     return 0;
   } else if (!strcmp(m, "canary-key")) {
     /* Reads the 8 bytes past the usable size of 64 blocks (the secure variant's canaries) and prints "constant" when

@@ -248,6 +248,23 @@ def test_fast_fresh_blocks_hold_links_control():
     assert output(FAST, "fresh-words").startswith("nonzero")
 
 
+def test_secure_remote_freed_blocks_hold_no_skip_hint():
+    """A block freed by another thread carries, on its way back, an encrypted skip hint in its second word; the
+    owner's collection clears it, so no block handed out again holds a stored address."""
+    assert output(SECURE, "remote-words") == "clean"
+
+
+def test_remote_words_control_fast():
+    """Control: the fast variant's batch head keeps its tail and count in the second word, which the test sees."""
+    assert output(FAST, "remote-words").startswith("hint")
+
+
+def test_secure_collections_clear_every_remote_bit():
+    """Rounds of remote frees in shuffled order into one-slot and multi-slot pages: every collected block's remote
+    bit is cleared (one left set would make its next remote free a false double free)."""
+    assert output(SECURE, "remote-rounds") == "ok"
+
+
 def test_secure_canaries_reveal_no_common_key():
     """canary ^ (address >> 4) differs between blocks: a canary read by the program is no process-wide key.
     (Before issue 16 it was the same value for every block: the secret.)"""
