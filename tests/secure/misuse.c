@@ -46,6 +46,19 @@ static void run_thread(void *(*fn)(void *)) {
   pthread_join(t, NULL);
 }
 
+/* Prints "clean" when n is 0, else "WHAT n". */
+static void print_clean_or(const char *what, int n) {
+  if (n) printf("%s %d\n", what, n);
+  else printf("clean\n");
+}
+
+/* Another thread frees blocks[0 .. n) and exits (sending its outbox). */
+static void free_in_other_thread(void **blocks, int n) {
+  remote_batch = blocks;
+  remote_count = n;
+  run_thread(remote_free_all);
+}
+
 /* Prints "twice" and exits 0 when one of n fresh allocations of `size` bytes is handed out twice (a misuse the
  * allocator let through), else returns. */
 static void report_duplicates(size_t size, int n) {
@@ -369,8 +382,7 @@ int main(int argc, char **argv) {
       uint64_t *q = malloc(40);
       if (*(volatile uint64_t *)opaque(q)) nonzero++;
     }
-    if (nonzero) printf("nonzero %d\n", nonzero);
-    else printf("clean\n");
+    print_clean_or("nonzero", nonzero);
     return 0;
   } else if (!strcmp(m, "remote-words")) {
     /* Blocks freed by another thread come back to their owner by its collection, which reads and clears the skip
@@ -380,17 +392,14 @@ int main(int argc, char **argv) {
     enum { N = 256, AGAIN = 1200 };
     static void *blocks[N];
     for (int i = 0; i < N; i++) opaque_memset(blocks[i] = malloc(48), 0x11, 48);
-    remote_batch = blocks;
-    remote_count = N;
-    run_thread(remote_free_all);   /* its outbox is sent when it exits */
+    free_in_other_thread(blocks, N);
     int hint = 0;
     for (int i = 0; i < AGAIN; i++) {
       uint64_t *q = opaque(malloc(48));
       uint64_t w = ((volatile uint64_t *)q)[1];
       if (w != 0 && w != 0x1111111111111111ull) hint++;
     }
-    if (hint) printf("hint %d\n", hint);
-    else printf("clean\n");
+    print_clean_or("hint", hint);
     return 0;
   } else if (!strcmp(m, "remote-rounds")) {
     /* Rounds of blocks of several sizes (small pages and multi-slot pages) allocated here and freed by another
@@ -407,9 +416,7 @@ int main(int argc, char **argv) {
         int j = (int)(x % (uint64_t)(i + 1));
         void *t = blocks[i]; blocks[i] = blocks[j]; blocks[j] = t;
       }
-      remote_batch = blocks;
-      remote_count = N;
-      run_thread(remote_free_all);
+      free_in_other_thread(blocks, N);
     }
     printf("ok\n");
     return 0;
