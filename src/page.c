@@ -109,17 +109,13 @@ size_t mld_page_collect_remote(page_t *pg) {
   bool skips = pg->block_size > 16;   /* skip hints (secure.h) */
   uint64_t skey = skip_key(pg);
   for (;;) {
-    if (skips) {
-      uintptr_t *sw = skip_word(tail), s = *sw;
-      /* A hint is only prefetched (an address it decodes to wrongly costs a useless prefetch, never a fault),
-       * and cleared: a block handed out again holds no stored address. */
-      if (s) {
-        __builtin_prefetch((const void *)link_decode(skey, s));
-        *sw = 0;
-      }
-    }
+    /* A hint is only prefetched (an address it decodes to wrongly costs a useless prefetch, never a fault), and
+     * cleared once the block has passed its checks: a block handed out again holds no stored address. */
+    uintptr_t *sw = skip_word(tail), s = skips ? *sw : 0;
+    if (s) __builtin_prefetch((const void *)link_decode(skey, s));
     if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
     if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
+    if (s) *sw = 0;
     remote_masks_add(&rm, tail);
     block_t *next = blk_next(pg, tail);
     if (!next) break;
