@@ -320,8 +320,8 @@ static void *reallocate(void *p, size_t size, const void *ra) {
 #endif
           if (unlikely(mld_opt.junk)) junk_given_up(p, size, old);
 #ifdef MALLARD_SECURE
-          want = large_growth(size, old);
-          if (want != size && mld_large_resize_in_place(pg, want)) {   /* else exactly what was asked, below */
+          size_t grow = large_growth(size, old);
+          if (grow != size && mld_large_resize_in_place(pg, grow)) {   /* else exactly what was asked, below */
             if (unlikely(mld_opt.junk)) junk_grown(p, old);
             return p;
           }

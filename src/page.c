@@ -76,11 +76,13 @@ static inline void remote_masks_add(remote_masks_t *rm, const void *b) {
   uint64_t *w = bm_remote_word(bm_word(b)), bit = (uint64_t)1 << (bm_bit_index(b) & 63);
   unsigned i = (unsigned)(bm_granule(b) >> 6) & 63;
   uint64_t e = (uint64_t)1 << i;
-  if ((rm->touched & e) && rm->word[i] == w) {
-    rm->mask[i] |= bit;
-    return;
+  if (rm->touched & e) {
+    if (rm->word[i] == w) {
+      rm->mask[i] |= bit;
+      return;
+    }
+    remote_masks_flush(rm, i, b);   /* another word of a multi-slot page: released now */
   }
-  if (rm->touched & e) remote_masks_flush(rm, i, b);   /* another word of a multi-slot page: released now */
   rm->touched |= e;
   rm->word[i] = w;
   rm->mask[i] = bit;

@@ -103,6 +103,7 @@ static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
  * prefetches and then clears (it is a hint: never followed, never trusted; the key is tweaked, so a hint copied
  * into a link word decodes to garbage). */
 #define MLD_SKIP_DISTANCE 4                                   /* outbox_t.recent holds this many blocks */
+_Static_assert(sizeof(((outbox_t *)0)->recent) == MLD_SKIP_DISTANCE * sizeof(block_t *), "recent[] spans the distance");
 #define MLD_SKIP_TWEAK 0x5bd1e9955bd1e995ull
 static inline uintptr_t *skip_word(block_t *b) { return (uintptr_t *)b + 1; }
 static inline uint64_t skip_key(const page_t *pg) { return pg->list_key ^ MLD_SKIP_TWEAK; }
