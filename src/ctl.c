@@ -65,6 +65,7 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "secure_noaccess_min")) READ(size_t, mld_opt.secure_noaccess_min);
   if (!strcmp(n, "large_quarantine")) READ(unsigned, mld_opt.large_quarantine);
   if (!strcmp(n, "delayed_reuse")) READ(bool, mld_opt.delayed_reuse);
+  if (!strcmp(n, "shuffle")) READ(unsigned, mld_opt.shuffle);
   if (!strcmp(n, "junk")) READ(const char *, junk_names[mld_opt.junk & 3]);
   if (!strcmp(n, "guard_sample")) READ(size_t, mld_opt.guard_sample);
   if (!strcmp(n, "guard_slots")) READ(unsigned, mld_opt.guard_slots);

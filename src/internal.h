@@ -271,6 +271,7 @@ typedef struct options_s {
   size_t secure_noaccess_min;            /* freed large and huge blocks from this size are PROT_NONE; SIZE_MAX: none */
   unsigned large_quarantine;             /* freed large blocks held inaccessible before reuse (<= MLD_LARGE_QUARANTINE_MAX) */
   bool delayed_reuse;                    /* an owner's free goes second on its page's list */
+  unsigned shuffle;                      /* fresh blocks in random order within runs of this many; 0, 1: address order */
   uint8_t junk;                          /* debug fills: MLD_JUNK_ALLOC | MLD_JUNK_FREE (junk.h) */
   uint8_t owner_free_flags;              /* derived (secure.h's owner free tests one byte): MLD_OWNER_FREE_* */
   /* Sampled guarded allocations (guarded.h, docs/SECURITY.md): both variants. */
@@ -281,6 +282,8 @@ typedef struct options_s {
 #define MLD_OWNER_FREE_WIPE 1            /* zero_on_free (or a build with MLD_ZERO_ON_FREE_ALWAYS) */
 #define MLD_OWNER_FREE_FIRST 2           /* delayed_reuse:false */
 #define MLD_LARGE_QUARANTINE_MAX 64      /* bound of large_quarantine: the quarantine's array (large.c) */
+#define MLD_EXTEND_BYTES (16 * 1024)     /* a page is carved this much at a time (page.c): RSS grows with use */
+#define MLD_SHUFFLE_MAX (MLD_EXTEND_BYTES / 16)   /* bound of shuffle: the most blocks a carved chunk holds */
 
 extern options_t mld_opt MLD_HIDDEN;
 

@@ -57,11 +57,13 @@ static const opt_desc_t descs[] = {
   { "secure_noaccess_min", T_SECURE, 0, 1L << 40, "a size in bytes 0..1T, with optional K, M or G, or none" },
   { "large_quarantine", T_SECURE, 0, MLD_LARGE_QUARANTINE_MAX, "an integer 0..64 (0: no quarantine)" },
   { "delayed_reuse", T_SECURE, 0, 1, "true or false" },
+  { "shuffle", T_SECURE, 0, MLD_SHUFFLE_MAX, "an integer 0..1024 (blocks per randomised run; 0: address order)" },
 #else
   { "guard_slab_interval", T_SECURE, 0, 1024, "0 (guard slabs need the secure variant, libmallard-secure)" },
   { "secure_noaccess_min", T_SECURE, 0, 1L << 40, "none (freed blocks made inaccessible need the secure variant, libmallard-secure)" },
   { "large_quarantine", T_SECURE, 0, MLD_LARGE_QUARANTINE_MAX, "0 (the large quarantine needs the secure variant, libmallard-secure)" },
   { "delayed_reuse", T_SECURE, 0, 1, "false (delayed reuse needs the secure variant, libmallard-secure)" },
+  { "shuffle", T_SECURE, 0, MLD_SHUFFLE_MAX, "0 (random allocation order needs the secure variant, libmallard-secure)" },
 #endif
   { "junk", T_JUNK, 0, 3, "alloc, free, true or false" },
   /* sampled guarded allocations (guarded.h; parsed by apply_guard): both variants */
@@ -100,11 +102,13 @@ static void set_defaults(void) {
   mld_opt.secure_noaccess_min = MLD_SECURE_NOACCESS_MIN;
   mld_opt.large_quarantine = MLD_LARGE_QUARANTINE;
   mld_opt.delayed_reuse = MLD_DELAYED_REUSE;
+  mld_opt.shuffle = MLD_SHUFFLE;
 #else
   mld_opt.guard_slab_interval = 0;
   mld_opt.secure_noaccess_min = SIZE_MAX;
   mld_opt.large_quarantine = 0;
   mld_opt.delayed_reuse = false;
+  mld_opt.shuffle = 0;
 #endif
   mld_opt.junk = 0;
   mld_opt.guard_sample = MLD_GUARD_SAMPLE_DEFAULT;
@@ -157,7 +161,7 @@ static void note_ignored(const char *k, size_t kl) {
 static const char *const known_keys =
     "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
     "stats_print_opts, slab_sizes, page_cache, huge_cache_max, guard_slab_interval, secure_noaccess_min, "
-    "large_quarantine, delayed_reuse, junk, guard_sample, guard_slots, guard_action, prof, prof_active, prof_sample, prof_final, prof_leak, "
+    "large_quarantine, delayed_reuse, shuffle, junk, guard_sample, guard_slots, guard_action, prof, prof_active, prof_sample, prof_final, prof_leak, "
     "prof_prefix, prof_interval, prof_signal, prof_seed";
 
 /* One line per problem: where, which key, which value (not from a file), what is accepted. known: the key is one of
@@ -301,6 +305,7 @@ static int apply_secure(const opt_desc_t *d, const char *v, size_t vl) {
   if (!parse_long(v, vl, &x) || x < d->lo || x > d->hi) return 0;
   if (!MLD_SECURE_BUILD && x) return -1;
   if (!strcmp(n, "guard_slab_interval")) mld_opt.guard_slab_interval = (unsigned)x;
+  else if (!strcmp(n, "shuffle")) mld_opt.shuffle = (unsigned)x;   /* <= MLD_SHUFFLE_MAX: a chunk's blocks */
   else mld_opt.large_quarantine = (unsigned)x;   /* <= MLD_LARGE_QUARANTINE_MAX: the quarantine's array */
   return 1;
 }
@@ -607,8 +612,8 @@ size_t mld_options_format_of(const options_t *o, const prof_options_t *po, unsig
   /* secure_noaccess_min: no block is larger than MLD_MAX_REQUEST, so any minimum above it means none */
   if (o->secure_noaccess_min > MLD_MAX_REQUEST) put(&f, ",guard_slab_interval:%u,secure_noaccess_min:none", o->guard_slab_interval);
   else put(&f, ",guard_slab_interval:%u,secure_noaccess_min:%zu", o->guard_slab_interval, o->secure_noaccess_min);
-  put(&f, ",large_quarantine:%u,delayed_reuse:%s,junk:%s", o->large_quarantine, tf(o->delayed_reuse),
-      junk_names[o->junk & 3]);
+  put(&f, ",large_quarantine:%u,delayed_reuse:%s,shuffle:%u,junk:%s", o->large_quarantine, tf(o->delayed_reuse),
+      o->shuffle, junk_names[o->junk & 3]);
   put(&f, ",guard_sample:%zu,guard_slots:%u,guard_action:%s", o->guard_sample, o->guard_slots,
       guard_action_names[o->guard_action & 1]);
   put(&f, ",prof:%s,prof_active:%s,prof_sample:%zu,prof_final:%s,prof_leak:%s,prof_prefix:%s,prof_interval:%zu,"

@@ -6,8 +6,6 @@
 /* The page every empty heap bin points at: its free list is always empty, so malloc falls into the slow path. */
 page_t mld_page_empty = { .kind = PAGE_META };
 
-#define EXTEND_BYTES (16 * 1024)   /* carve at most this much of a fresh page at a time: RSS grows with use */
-
 void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? MLD_OS_PAGE : 0);
   pg->free = NULL;
@@ -32,18 +30,22 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
 bool mld_page_extend(page_t *pg) {
   if (pg->capacity >= pg->reserved) return false;
   size_t bs = pg->block_size;
-  size_t n = EXTEND_BYTES / bs;
+  size_t n = MLD_EXTEND_BYTES / bs;
   if (n < 4) n = 4;
   if (n > pg->reserved - pg->capacity) n = pg->reserved - pg->capacity;
   uint8_t *first = page_start(pg) + (size_t)pg->capacity * bs;
 #ifdef MALLARD_SECURE
-  block_t *order[EXTEND_BYTES / 16 > 4 ? EXTEND_BYTES / 16 : 4];   /* n <= max(4, EXTEND_BYTES / 16) */
+  block_t *order[MLD_EXTEND_BYTES / 16 > 4 ? MLD_EXTEND_BYTES / 16 : 4];   /* n <= max(4, MLD_EXTEND_BYTES / 16) */
   bool canary = bs <= MLD_CANARY_MAX;
   for (size_t i = 0; i < n; i++) {
     order[i] = (block_t *)(first + i * bs);
     if (canary) *canary_at(pg, order[i]) = canary_value(pg, order[i]);   /* armed once: kept while free */
   }
-  mld_shuffle(order, n);   /* random allocation order inside each carved chunk */
+  /* Random allocation order inside each run of `shuffle` blocks of the chunk (option; the default runs are whole
+   * chunks): shorter runs keep more of a program's locality and leave fewer orders to guess among. */
+  size_t run = mld_opt.shuffle;   /* <= MLD_SHUFFLE_MAX (options.c) */
+  if (run > 1)
+    for (size_t i = 0; i < n; i += run) mld_shuffle(order + i, n - i < run ? n - i : run);
   for (size_t i = 0; i + 1 < n; i++) blk_set_next(pg, order[i], order[i + 1]);
   blk_set_next(pg, order[n - 1], pg->free);
   pg->free = order[0];

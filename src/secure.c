@@ -132,7 +132,7 @@ void mld_secure_page_keys(page_t *pg) {
 
 /* Fisher-Yates: freshly carved blocks are handed out in random order. Each index takes 16 random bits (two per
  * keystream word), scaled by a multiply and rejected in the rare biased case (Lemire's method): unbiased, and no
- * division on the common path. n < 2^16 (at most EXTEND_BYTES / 16 blocks, page.c). */
+ * division on the common path. n < 2^16 (at most MLD_SHUFFLE_MAX blocks, page.c). */
 void mld_shuffle(block_t **blocks, size_t n) {
   uint32_t word = 0;
   unsigned halves = 0;

@@ -12,8 +12,8 @@ _Static_assert(sizeof(segment_t) <= MLD_BITMAP_OFFSET, "segment header ends befo
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
 _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and guard fit in the metadata slots");
-/* Defaults of the secure variant's options guard_slab_interval, secure_noaccess_min, large_quarantine and
- * delayed_reuse (options.c; docs/SECURITY.md gives their cost): a build may change a default with -D. */
+/* Defaults of the secure variant's options guard_slab_interval, secure_noaccess_min, large_quarantine,
+ * delayed_reuse and shuffle (options.c; docs/SECURITY.md gives their cost): a build may change a default with -D. */
 #ifndef MLD_GUARD_SLAB_INTERVAL
 #define MLD_GUARD_SLAB_INTERVAL 4            /* a small page whose span ends on a multiple of this many slots ends
                                               * in a guard page (hardened_malloc's guard slabs); 0: none */
@@ -30,6 +30,13 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 #endif
 #ifndef MLD_DELAYED_REUSE
 #define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
+#endif
+#ifndef MLD_SHUFFLE
+#define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh blocks in random order within runs of this many (page.c); the
+                                              * maximum: each carved chunk whole; 0 or 1: address order */
+#endif
+#if MLD_SHUFFLE > MLD_SHUFFLE_MAX
+#error "MLD_SHUFFLE exceeds a carved chunk's most blocks (MLD_SHUFFLE_MAX)"
 #endif
 #if MLD_LARGE_QUARANTINE > MLD_LARGE_QUARANTINE_MAX
 #error "MLD_LARGE_QUARANTINE exceeds the quarantine's array (MLD_LARGE_QUARANTINE_MAX)"

@@ -37,6 +37,7 @@ static void print_opts(void) {
   len = sizeof z; mallard_ctl("opt.secure_noaccess_min", &z, &len, NULL, 0); printf("secure_noaccess_min=%zu\n", z);
   len = sizeof u; mallard_ctl("opt.large_quarantine", &u, &len, NULL, 0); printf("large_quarantine=%u\n", u);
   len = sizeof b; mallard_ctl("opt.delayed_reuse", &b, &len, NULL, 0); printf("delayed_reuse=%d\n", b);
+  len = sizeof u; mallard_ctl("opt.shuffle", &u, &len, NULL, 0); printf("shuffle=%u\n", u);
   len = sizeof s; mallard_ctl("opt.junk", &s, &len, NULL, 0); printf("junk=%s\n", s);
   unsigned n; len = sizeof n; mallard_ctl("arenas.nclasses", &n, &len, NULL, 0);
   for (unsigned c = 0; c < n; c++) {

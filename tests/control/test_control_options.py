@@ -12,7 +12,7 @@ DEFAULTS = {
     "abort_conf": "0", "stats_print": "0", "stats_print_opts": "", "page_cache": "4", "huge_cache_max": str(256 << 20),
     # the secure variant's defences, held off in the fast variant (secure_noaccess_min: none is SIZE_MAX)
     "guard_slab_interval": "0", "secure_noaccess_min": str(2**64 - 1), "large_quarantine": "0", "delayed_reuse": "0",
-    "junk": "false",
+    "shuffle": "0", "junk": "false",
 }
 
 VALID = [
@@ -42,6 +42,7 @@ VALID = [
     ("secure_noaccess_min:none", "secure_noaccess_min", str(2**64 - 1)),
     ("large_quarantine:0", "large_quarantine", "0"),
     ("delayed_reuse:false", "delayed_reuse", "0"),
+    ("shuffle:0", "shuffle", "0"),
 ]
 
 INVALID = [
@@ -51,6 +52,7 @@ INVALID = [
     ("junk", "yes"), ("junk", "TRUE"), ("junk", ""), ("guard_slab_interval", "x"), ("guard_slab_interval", "-1"),
     ("guard_slab_interval", "1025"), ("secure_noaccess_min", "12X"), ("secure_noaccess_min", "2T"),
     ("large_quarantine", "65"), ("large_quarantine", "many"), ("delayed_reuse", "perhaps"),
+    ("shuffle", "x"), ("shuffle", "1025"), ("shuffle", "-1"),
     ("slab_sizes", "1-4096"), ("slab_sizes", "4096-1:2"), ("slab_sizes", "1-1024:17"), ("slab_sizes", "200K-256K:1"),
 ]
 
@@ -264,7 +266,8 @@ def test_zero_on_free_false_accepted(probe):
                                       ("secure_noaccess_min:256K", "secure_noaccess_min"),
                                       ("secure_noaccess_min:0", "secure_noaccess_min"),
                                       ("large_quarantine:8", "large_quarantine"),
-                                      ("delayed_reuse:true", "delayed_reuse")])
+                                      ("delayed_reuse:true", "delayed_reuse"),
+                                      ("shuffle:16", "shuffle")])
 def test_secure_defences_refused_by_fast_variant(probe, conf, key):
     """The fast variant has none of the secure defences: asked for one, it says so in one line and keeps it off."""
     r = probe("opts", conf=conf)
@@ -286,7 +289,7 @@ def test_verbose_line_is_valid_configuration(probe):
     printed = line.split(": ", 1)[1]
     for key in ("thp:never", "slab_sizes:", "page_cache:9", "huge_cache_max:3145728", "zero_on_free:false",
                 "guard_slab_interval:0", "secure_noaccess_min:none", "large_quarantine:0", "delayed_reuse:false",
-                "junk:alloc"):
+                "shuffle:0", "junk:alloc"):
         assert key in printed, printed
     again = probe("opts", conf=printed)
     assert not [l for l in again.stderr.splitlines() if l.startswith("mallard:")], again.stderr

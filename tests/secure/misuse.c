@@ -560,8 +560,8 @@ int main(int argc, char **argv) {
     return 0;
   } else if (!strcmp(m, "secure-opts")) {
     /* The secure options as mallard_ctl reports them: guard_slab_interval secure_noaccess_min large_quarantine
-     * delayed_reuse junk. */
-    unsigned g = 99, lq = 99;
+     * delayed_reuse junk shuffle. */
+    unsigned g = 99, lq = 99, sh = 9999;
     size_t nm = 0;
     bool dr = false;
     const char *junk = "?";
@@ -570,7 +570,8 @@ int main(int argc, char **argv) {
     ctl_read("opt.large_quarantine", &lq, sizeof lq);
     ctl_read("opt.delayed_reuse", &dr, sizeof dr);
     ctl_read("opt.junk", &junk, sizeof junk);
-    printf("%u %zu %u %d %s\n", g, nm, lq, (int)dr, junk);
+    ctl_read("opt.shuffle", &sh, sizeof sh);
+    printf("%u %zu %u %d %s %u\n", g, nm, lq, (int)dr, junk, sh);
     return 0;
   } else {
     fprintf(stderr, "unknown misuse %s\n", m);

@@ -197,10 +197,10 @@ def output(lib, mode, conf=None):
     return r.stdout.strip()
 
 
-def carve_runs(lib):
-    """The carved chunks of the carve-order run (page.c carves 16 KiB at a time: EXTEND_BYTES // block size blocks
+def carve_runs(lib, conf=None):
+    """The carved chunks of the carve-order run (page.c carves 16 KiB at a time: MLD_EXTEND_BYTES // block size blocks
     from the page's start on): for each chunk met, the block indices inside the page in hand-out order."""
-    addrs = [int(x, 16) for x in output(lib, "carve-order").split()]
+    addrs = [int(x, 16) for x in output(lib, "carve-order", conf).split()]
     step = min(b - a for a, b in zip(addrs, addrs[1:]) if b > a)   # the class's block size (adjacent blocks exist)
     per_chunk = 16384 // step
     runs, cur, chunk = [], [], None

@@ -1,21 +1,23 @@
 """The secure variant's defences as options (guard_slab_interval, secure_noaccess_min, large_quarantine,
-delayed_reuse): each one parsed, reported through mallard_ctl, and in force — turned off, its misuse goes through."""
+delayed_reuse, shuffle): each one parsed, reported through mallard_ctl, and in force — turned off, its misuse goes
+through."""
 import signal
 
 import pytest
 
-from test_secure_misuse import FAST, SECURE, output, run
+from test_secure_misuse import FAST, SECURE, carve_runs, output, run
 
 
 def secure_opts(lib, conf=None):
-    """(guard_slab_interval, secure_noaccess_min, large_quarantine, delayed_reuse, junk) as mallard_ctl reports."""
+    """(guard_slab_interval, secure_noaccess_min, large_quarantine, delayed_reuse, junk, shuffle) as mallard_ctl
+    reports."""
     r = run(lib, "secure-opts", conf=conf)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
-    g, nm, lq, dr, junk = r.stdout.split()
-    return (int(g), int(nm), int(lq), dr == "1", junk), r.stderr
+    g, nm, lq, dr, junk, sh = r.stdout.split()
+    return (int(g), int(nm), int(lq), dr == "1", junk, int(sh)), r.stderr
 
 
-SECURE_DEFAULTS = (4, 256 << 10, 8, True, "false")
+SECURE_DEFAULTS = (4, 256 << 10, 8, True, "false", 1024)
 
 
 def test_secure_defaults():
@@ -25,19 +27,22 @@ def test_secure_defaults():
 
 def test_fast_defaults_are_off():
     opts, err = secure_opts(FAST)
-    assert opts == (0, 2**64 - 1, 0, False, "false") and not err
+    assert opts == (0, 2**64 - 1, 0, False, "false", 0) and not err
 
 
 @pytest.mark.parametrize("conf,expected", [
-    ("guard_slab_interval:0", (0, 256 << 10, 8, True, "false")),
-    ("guard_slab_interval:1", (1, 256 << 10, 8, True, "false")),
-    ("secure_noaccess_min:1g", (4, 1 << 30, 8, True, "false")),
-    ("secure_noaccess_min:none", (4, 2**64 - 1, 8, True, "false")),
-    ("secure_noaccess_min:0", (4, 0, 8, True, "false")),
-    ("large_quarantine:0", (4, 256 << 10, 0, True, "false")),
-    ("large_quarantine:64", (4, 256 << 10, 64, True, "false")),
-    ("delayed_reuse:false", (4, 256 << 10, 8, False, "false")),
-    ("junk:free", (4, 256 << 10, 8, True, "free")),
+    ("guard_slab_interval:0", (0, 256 << 10, 8, True, "false", 1024)),
+    ("guard_slab_interval:1", (1, 256 << 10, 8, True, "false", 1024)),
+    ("secure_noaccess_min:1g", (4, 1 << 30, 8, True, "false", 1024)),
+    ("secure_noaccess_min:none", (4, 2**64 - 1, 8, True, "false", 1024)),
+    ("secure_noaccess_min:0", (4, 0, 8, True, "false", 1024)),
+    ("large_quarantine:0", (4, 256 << 10, 0, True, "false", 1024)),
+    ("large_quarantine:64", (4, 256 << 10, 64, True, "false", 1024)),
+    ("delayed_reuse:false", (4, 256 << 10, 8, False, "false", 1024)),
+    ("junk:free", (4, 256 << 10, 8, True, "free", 1024)),
+    ("shuffle:0", (4, 256 << 10, 8, True, "false", 0)),
+    ("shuffle:16", (4, 256 << 10, 8, True, "false", 16)),
+    ("shuffle:1024", (4, 256 << 10, 8, True, "false", 1024)),
 ])
 def test_secure_option_parsed(conf, expected):
     opts, err = secure_opts(SECURE, conf)
@@ -47,7 +52,8 @@ def test_secure_option_parsed(conf, expected):
 @pytest.mark.parametrize("key,value", [("guard_slab_interval", "often"), ("guard_slab_interval", "1025"),
                                        ("secure_noaccess_min", "big"), ("secure_noaccess_min", "-1"),
                                        ("large_quarantine", "65"), ("large_quarantine", "-1"),
-                                       ("delayed_reuse", "sometimes"), ("junk", "both")])
+                                       ("delayed_reuse", "sometimes"), ("junk", "both"), ("shuffle", "1025"),
+                                       ("shuffle", "-1"), ("shuffle", "random")])
 def test_secure_option_bad_value(key, value):
     """A bad value: one line naming the option, the value and what is accepted; the default stays."""
     opts, err = secure_opts(SECURE, f"{key}:{value}")
@@ -67,6 +73,27 @@ def test_guard_slab_interval_0_lets_slab_overflow_through():
 def test_large_quarantine_0_reuses_at_once():
     assert output(SECURE, "reuse-large") == "0"
     assert output(SECURE, "reuse-large", "large_quarantine:0") == "20"
+
+
+def test_shuffle_0_carves_in_address_order():
+    """Control of test_secure_carves_fresh_blocks_in_random_order: shuffle:0 hands fresh blocks out in address
+    order, as the fast variant does."""
+    step, runs = carve_runs(SECURE, "shuffle:0")
+    pairs = [(a, b) for r in runs for a, b in zip(r, r[1:])]
+    assert len(runs) >= 100 and sum(b == a + 1 for a, b in pairs) > 0.95 * len(pairs), (step, len(runs))
+
+
+def test_shuffle_runs_are_shuffled_in_place():
+    """shuffle:16: each run of 16 blocks of a carved chunk comes out in a random order of its own blocks, and the
+    runs come out one after the other in address order."""
+    step, runs = carve_runs(SECURE, "shuffle:16")
+    assert len(runs) >= 100, (step, len(runs))
+    groups = [(min(r) + i, r[i:i + 16]) for r in runs for i in range(0, len(r), 16)]
+    assert all(sorted(g) == list(range(first, first + len(g))) for first, g in groups)
+    groups = [g for _, g in groups]
+    pairs = [(a, b) for g in groups for a, b in zip(g, g[1:])]
+    assert sum(b == a + 1 for a, b in pairs) < 0.2 * len(pairs)   # a random order: about 1 in 16
+    assert len({tuple(g) for g in groups}) > 0.9 * len(groups)
 
 
 def test_delayed_reuse_false_reuses_at_once():
