@@ -208,6 +208,13 @@ static const uint8_t *damaged(const uint8_t *p, size_t n) {
   return NULL;
 }
 
+/* Pool lock held: slot i goes to the end of the freed-slot FIFO. */
+static void fifo_push(uint32_t i) {
+  slots[i].next = NO_SLOT;
+  if (fifo_tail == NO_SLOT) fifo_head = i; else slots[fifo_tail].next = i;
+  fifo_tail = i;
+}
+
 void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   (void)zero;   /* a slot's data page is zero whenever it is handed out: fresh, or emptied (MADV_DONTNEED) at free */
   if (size == 0 || size > MLD_GUARD_MAX_SIZE || align > MLD_OS_PAGE) { mld_guard_note_skipped(); return NULL; }
@@ -225,16 +232,17 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
       if (atomic_load_explicit(&slots[i].retired, memory_order_acquire)) i = NO_SLOT;   /* opened by a report: dropped */
     }
   }
+  pthread_mutex_unlock(&pool_lock);
   if (i == NO_SLOT) {
-    pthread_mutex_unlock(&pool_lock);
     mld_guard_note_skipped();
     return NULL;
   }
+  /* Slot i is this thread's alone until it is published LIVE (it is neither unused nor on the FIFO): its page is
+   * opened and filled without the lock, so that samples in other threads do not wait behind a system call. */
   uint8_t *page = (uint8_t *)data_page(i);
   if (mprotect(page, MLD_OS_PAGE, PROT_READ | PROT_WRITE) != 0) {   /* no memory for the page tables: back on the FIFO */
-    slots[i].next = NO_SLOT;
-    if (fifo_tail == NO_SLOT) fifo_head = i; else slots[fifo_tail].next = i;
-    fifo_tail = i;
+    pthread_mutex_lock(&pool_lock);
+    fifo_push(i);
     pthread_mutex_unlock(&pool_lock);
     mld_guard_note_skipped();
     return NULL;
@@ -253,7 +261,6 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   s->alloc_tid = tid();
   s->free_depth = 0;
   atomic_store_explicit(&s->state, SLOT_LIVE, memory_order_release);
-  pthread_mutex_unlock(&pool_lock);
   atomic_fetch_add_explicit(&st_samples, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&st_live, 1, memory_order_relaxed);
   return p;
@@ -294,27 +301,28 @@ void mld_guard_free(void *p, const void *ra) {
   uint8_t depth = capture(pcs, ra);
   pthread_mutex_lock(&pool_lock);
   slot_t *s = i == NO_SLOT ? NULL : &slots[i];
-  if (!s || atomic_load_explicit(&s->state, memory_order_relaxed) != SLOT_LIVE || s->addr != (uintptr_t)p) {
+  if (!s || atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_LIVE || s->addr != (uintptr_t)p) {
     pthread_mutex_unlock(&pool_lock);
     report_invalid("free", p, i);
     return;
   }
-  uint8_t *page = (uint8_t *)data_page(i), *end = page + MLD_OS_PAGE;
-  const uint8_t *under = damaged(page, (size_t)((uint8_t *)p - page));
-  const uint8_t *over = damaged((uint8_t *)p + s->size, (size_t)(end - ((uint8_t *)p + s->size)));
   s->free_depth = depth;
   memcpy(s->free_pcs, pcs, depth * sizeof *pcs);
   s->free_tid = tid();
   atomic_store_explicit(&s->state, SLOT_FREED, memory_order_release);
-  if (!atomic_load_explicit(&s->retired, memory_order_acquire)) {
+  pthread_mutex_unlock(&pool_lock);
+  /* The slot is this thread's alone again (FREED, not yet on the FIFO): its slack is checked and its page closed
+   * without the lock; it goes on the FIFO last, so its record stays until the report below is out. */
+  uint8_t *page = (uint8_t *)data_page(i), *end = page + MLD_OS_PAGE;
+  const uint8_t *under = damaged(page, (size_t)((uint8_t *)p - page));
+  const uint8_t *over = damaged((uint8_t *)p + s->size, (size_t)(end - ((uint8_t *)p + s->size)));
+  bool reuse = !atomic_load_explicit(&s->retired, memory_order_acquire);
+  if (reuse) {
     mprotect(page, MLD_OS_PAGE, PROT_NONE);        /* a use after free faults from here on */
     madvise(page, MLD_OS_PAGE, MADV_DONTNEED);     /* the memory goes back; the page reads zero when reused */
-    s->next = NO_SLOT;
-    if (fifo_tail == NO_SLOT) fifo_head = i; else slots[fifo_tail].next = i;
-    fifo_tail = i;
   }   /* else: opened by a report (guard_action:report) for good: the slot is not reused */
   atomic_fetch_sub_explicit(&st_live, 1, memory_order_relaxed);
-  if (under || over) {   /* reported after the lock: the slot's record is complete and stays until it is reused */
+  if (under || over) {
     out_t o = { .n = 0 };
     put(&o, WHO);
     put(&o, over ? "heap buffer overflow: bytes past the end of " : "heap buffer underflow: bytes before ");
@@ -323,11 +331,13 @@ void mld_guard_free(void *p, const void *ra) {
     put_hex(&o, (uintptr_t)(over ? over : under));
     put(&o, ")\n");
     put_stacks(&o, s);
-    pthread_mutex_unlock(&pool_lock);
-    finish(&o);
-    return;
+    finish(&o);   /* returns under guard_action:report */
   }
-  pthread_mutex_unlock(&pool_lock);
+  if (reuse) {
+    pthread_mutex_lock(&pool_lock);
+    fifo_push(i);
+    pthread_mutex_unlock(&pool_lock);
+  }
 }
 
 size_t mld_guard_size(const void *p, const char *what) {
@@ -335,7 +345,7 @@ size_t mld_guard_size(const void *p, const char *what) {
   if (i != NO_SLOT) {
     slot_t *s = &slots[i];
     pthread_mutex_lock(&pool_lock);
-    size_t n = atomic_load_explicit(&s->state, memory_order_relaxed) == SLOT_LIVE && s->addr == (uintptr_t)p ? s->size : 0;
+    size_t n = atomic_load_explicit(&s->state, memory_order_acquire) == SLOT_LIVE && s->addr == (uintptr_t)p ? s->size : 0;
     pthread_mutex_unlock(&pool_lock);
     if (n) return n;
   }

@@ -161,8 +161,8 @@ static void note_ignored(const char *k, size_t kl) {
 static const char *const known_keys =
     "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
     "stats_print_opts, slab_sizes, page_cache, huge_cache_max, guard_slab_interval, secure_noaccess_min, "
-    "large_quarantine, delayed_reuse, shuffle, junk, guard_sample, guard_slots, guard_action, prof, prof_active, prof_sample, prof_final, prof_leak, "
-    "prof_prefix, prof_interval, prof_signal, prof_seed";
+    "large_quarantine, delayed_reuse, shuffle, junk, guard_sample, guard_slots, guard_action, prof, prof_active, "
+    "prof_sample, prof_final, prof_leak, prof_prefix, prof_interval, prof_signal, prof_seed";
 
 /* One line per problem: where, which key, which value (not from a file), what is accepted. known: the key is one of
  * ours (so naming it discloses nothing). */
