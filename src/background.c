@@ -14,7 +14,7 @@ size_t mld_purge_all(bool force) {
     bytes += force ? mld_arena_purge(a, true) : mld_arena_maybe_purge(a, mld_now_ms());
     pthread_mutex_unlock(&a->lock);
   }
-  return bytes + mld_huge_cache_purge(force);
+  return bytes + mld_huge_cache_purge(force) + mld_large_quarantine_purge(force);
 }
 
 /* ---- the purging thread ----
@@ -44,8 +44,9 @@ static bool bg_enabled(void) { return mld_opt.background_thread && mld_opt.dirty
 /* Is any dirty memory waiting, and when is the first of it due? Arena locks are taken (bg_lock, then arenas:
  * the order of the fork handlers). */
 static bool any_dirty(uint64_t *due) {
-  uint64_t best = mld_huge_cache_due(), sweep = mld_sweep_due();
+  uint64_t best = mld_huge_cache_due(), sweep = mld_sweep_due(), quarantine = mld_large_quarantine_due();
   if (sweep && (!best || sweep < best)) best = sweep;
+  if (quarantine && (!best || quarantine < best)) best = quarantine;
   bool dirty = best != 0;
   unsigned n = atomic_load(&mld_narenas);
   for (unsigned i = 0; i < n; i++) {

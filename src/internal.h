@@ -453,6 +453,8 @@ MLD_HIDDEN size_t mld_huge_cache_purge(bool all);
 MLD_HIDDEN void *mld_huge_find(const void *p);
 MLD_HIDDEN void mld_huge_cache_age(void);                          /* unmap what is due; outside every lock */                     /* the huge block containing p, or NULL */
 MLD_HIDDEN uint64_t mld_huge_cache_due(void);
+MLD_HIDDEN size_t mld_large_quarantine_purge(bool all);          /* secure: purge quarantined large blocks now due */
+MLD_HIDDEN uint64_t mld_large_quarantine_due(void);              /* secure: when the first of them falls due; 0: none */
 MLD_HIDDEN void mld_huge_fork_prepare(void);
 MLD_HIDDEN void mld_huge_fork_parent(void);
 MLD_HIDDEN void mld_huge_fork_child(void);

@@ -37,6 +37,18 @@ static bool noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, siz
  * entry back (randomised delayed reuse). */
 static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
 static page_t *quarantine[MLD_LARGE_QUARANTINE_MAX];   /* the first large_quarantine entries are used */
+/* When each entry came in (ms), 0 once its memory is purged: a quarantined block stays resident (and unreadable)
+ * only until the decay delay has passed, as a dirty span would, so an idle program gives it back. */
+static uint64_t quarantine_since[MLD_LARGE_QUARANTINE_MAX];
+static _Atomic(uint64_t) quarantine_due_ms;            /* the first unpurged entry's purge time; 0: none */
+
+/* quarantine_lock held. */
+static uint64_t quarantine_due_locked(void) {
+  uint64_t oldest = 0;
+  for (unsigned i = 0; i < MLD_LARGE_QUARANTINE_MAX; i++)
+    if (quarantine[i] && quarantine_since[i] && (!oldest || quarantine_since[i] < oldest)) oldest = quarantine_since[i];
+  return oldest ? oldest + mld_purge_age() : 0;
+}
 
 /* The span goes back as it is, closed or not (the arena opens it when it is handed out again); pg->guarded says
  * which while the block waits. */
@@ -52,13 +64,51 @@ static void large_quarantine(page_t *pg) {
   unsigned n = mld_opt.large_quarantine;   /* option large_quarantine: <= MLD_LARGE_QUARANTINE_MAX (options.c) */
   if (!n) { large_release(pg); return; }
   size_t i = (size_t)(mld_random64() % n);
+  uint64_t now = mld_now_ms();
   pthread_mutex_lock(&quarantine_lock);
   page_t *out = quarantine[i];
   quarantine[i] = pg;
+  quarantine_since[i] = now ? now : 1;
+  atomic_store_explicit(&quarantine_due_ms, quarantine_due_locked(), memory_order_relaxed);
   pthread_mutex_unlock(&quarantine_lock);
   if (out) large_release(out);
+  mld_dirty_notify();   /* the purging thread learns when this entry falls due */
 }
 #endif
+
+/* Purge quarantined large blocks whose decay delay has passed (all of them if `all`); returns the bytes purged.
+ * They stay in the quarantine, inaccessible; their spans go back to the arena as before when evicted. */
+size_t mld_large_quarantine_purge(bool all) {
+#ifdef MALLARD_SECURE
+  if (!all && !atomic_load_explicit(&quarantine_due_ms, memory_order_relaxed)) return 0;
+  uint64_t now = mld_now_ms();
+  size_t bytes = 0;
+  pthread_mutex_lock(&quarantine_lock);
+  for (unsigned i = 0; i < MLD_LARGE_QUARANTINE_MAX; i++) {
+    page_t *pg = quarantine[i];
+    if (!pg || !quarantine_since[i]) continue;
+    if (all || (mld_opt.dirty_decay_ms >= 0 && now - quarantine_since[i] >= mld_purge_age())) {
+      size_t n = (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+      if (mld_os_purge(page_start(pg), n)) bytes += n;   /* PROT_NONE or not: madvise drops the pages either way */
+      quarantine_since[i] = 0;
+    }
+  }
+  atomic_store_explicit(&quarantine_due_ms, quarantine_due_locked(), memory_order_relaxed);
+  pthread_mutex_unlock(&quarantine_lock);
+  return bytes;
+#else
+  (void)all;
+  return 0;
+#endif
+}
+
+uint64_t mld_large_quarantine_due(void) {
+#ifdef MALLARD_SECURE
+  return atomic_load_explicit(&quarantine_due_ms, memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
 
 /* ---- large: spans of 64 KiB slots ---- */
 void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
@@ -411,8 +461,11 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
  * huge paths and from arena operations, outside every lock; one atomic load when nothing is due. */
 void mld_huge_cache_age(void) {
   uint64_t due = atomic_load_explicit(&huge_due_ms, memory_order_relaxed);
-  if (likely(!due) || mld_opt.dirty_decay_ms < 0 || mld_now_ms() < due) return;
-  mld_huge_cache_purge(false);
+  uint64_t qdue = mld_large_quarantine_due();   /* the secure variant's quarantine ages with it (0 in the fast one) */
+  if (likely(!due && !qdue) || mld_opt.dirty_decay_ms < 0) return;
+  uint64_t now = mld_now_ms();
+  if (due && now >= due) mld_huge_cache_purge(false);
+  if (qdue && now >= qdue) mld_large_quarantine_purge(false);
 }
 
 /* The nearest granule at or below p's that the ownership map marks, no further down than the largest huge mapping

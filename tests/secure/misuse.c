@@ -90,6 +90,17 @@ static void *opaque(void *p) { sink = p; return sink; }
 /* memset through a volatile pointer: the compiler cannot prove the stores dead before a free and drop them. */
 static void *(*volatile opaque_memset)(void *, int, size_t) = memset;
 
+/* Resident memory of this process in KiB (/proc/self/statm's second field, in pages); -1 if unreadable. */
+static long resident_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long size, res = -1;
+  if (f) {
+    if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
+    fclose(f);
+  }
+  return res < 0 ? -1 : res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
 /* Is the OS page starting at addr mapped with no access at all (a guard)? Reads /proc/self/maps. */
 static int page_is_prot_none(uintptr_t addr) {
   FILE *f = fopen("/proc/self/maps", "r");
@@ -506,6 +517,19 @@ int main(int argc, char **argv) {
       free(b);
     }
     printf("%d\n", again);
+    return 0;
+  } else if (!strcmp(m, "quarantine-idle") || !strcmp(m, "quarantine-idle-1")) {
+    /* Frees 8 (or 1) written 1 MiB large blocks (the quarantine holds 8), then idles 1.5 s; prints the resident KiB
+     * just after the frees and after the idle time: the purging thread should give quarantined blocks back once
+     * they are older than dirty_decay_ms, as it gives back dirty spans (one block alone evicts nothing: only the
+     * quarantine itself can wake the thread for it). */
+    void *b[8];
+    int n = strcmp(m, "quarantine-idle") ? 1 : 8;
+    for (int i = 0; i < n; i++) opaque_memset(b[i] = malloc(1u << 20), 0x33, 1u << 20);
+    for (int i = 0; i < n; i++) free(b[i]);
+    long before = resident_kib();
+    usleep(1500 * 1000);
+    printf("%ld %ld\n", before, resident_kib());
     return 0;
   } else if (!strcmp(m, "fork-random")) {
     /* Two children of one parent each print a line: the address of a new huge block and the order of 32 blocks of
