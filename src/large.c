@@ -458,7 +458,8 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
 }
 
 /* Without the purging thread (or before it starts), allocator activity ages the huge cache: called from the
- * huge paths and from arena operations, outside every lock; one atomic load when nothing is due. */
+ * huge paths and from arena operations, outside every lock; two atomic loads when nothing is due (the huge
+ * cache's deadline and, in the secure variant, the large quarantine's). */
 void mld_huge_cache_age(void) {
   uint64_t due = atomic_load_explicit(&huge_due_ms, memory_order_relaxed);
   uint64_t qdue = mld_large_quarantine_due();   /* the secure variant's quarantine ages with it (0 in the fast one) */
