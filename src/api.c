@@ -255,19 +255,23 @@ static MLD_NOINLINE void junk_grown(void *p, size_t old) {
   if ((mld_opt.junk & MLD_JUNK_ALLOC) && now > old) memset((uint8_t *)p + old, MLD_JUNK_ALLOC_BYTE, now - old);
 }
 
-#ifdef MALLARD_SECURE
-/* What a realloc that grows a block to `size` in the large range (up to MLD_LARGE_MAX) asks for: about twice the
- * request, at most MLD_LARGE_MAX, so that the next growths fit without moving the block's guard slot again (every
- * growth in place opens the old guard slot and closes a new one: two mprotect calls, each a TLB shootdown).
- * Otherwise `size`. One slot less than twice: rounded up to slots, the block stays under twice the request, so the
- * next, larger request is more than half of it and is kept (reallocate). size <= MLD_LARGE_MAX: no overflow. */
+/* What a realloc that grows a block to `size` in the large range (up to MLD_LARGE_MAX) asks for. Secure variant:
+ * about twice the request, at most MLD_LARGE_MAX, so that the next growths fit without moving the block's guard slot
+ * again (every growth in place opens the old guard slot and closes a new one: two mprotect calls, each a TLB
+ * shootdown). Otherwise, and always in the fast variant, `size`. One slot less than twice: rounded up to slots, the
+ * block stays under twice the request, so the next, larger request is more than half of it and is kept
+ * (reallocate). size <= MLD_LARGE_MAX: no overflow. */
 static size_t large_growth(size_t size, size_t old) {
+#ifdef MALLARD_SECURE
   if (size <= old || size <= MLD_MEDIUM_MAX || size > MLD_LARGE_MAX) return size;
   size_t want = 2 * size - MLD_SLOT_SIZE;   /* > size: size > MLD_MEDIUM_MAX > MLD_SLOT_SIZE */
   return want <= MLD_LARGE_MAX ? want : MLD_LARGE_MAX;
+#else
+  (void)old;
+  return size;
+#endif
 }
 
-#endif
 
 static void *reallocate(void *p, size_t size, const void *ra) {
   if (!p) return realloc_new(size, ra);
@@ -319,14 +323,8 @@ static void *reallocate(void *p, size_t size, const void *ra) {
           if (size <= old && size > old / 2) return p;
 #endif
           if (unlikely(mld_opt.junk)) junk_given_up(p, size, old);
-#ifdef MALLARD_SECURE
-          size_t grow = large_growth(size, old);
-          if (grow != size && mld_large_resize_in_place(pg, grow)) {   /* else exactly what was asked, below */
-            if (unlikely(mld_opt.junk)) junk_grown(p, old);
-            return p;
-          }
-#endif
-          if (mld_large_resize_in_place(pg, size)) {
+          size_t grow = large_growth(size, old);   /* with room to spare first, else exactly what was asked */
+          if ((grow != size && mld_large_resize_in_place(pg, grow)) || mld_large_resize_in_place(pg, size)) {
             if (unlikely(mld_opt.junk)) junk_grown(p, old);
             return p;
           }
@@ -345,9 +343,7 @@ static void *reallocate(void *p, size_t size, const void *ra) {
     if (!s) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
     old = s->user_size;
   }
-#ifdef MALLARD_SECURE
   if (want == size) want = large_growth(size, old);   /* a block moving into or within the large range */
-#endif
   void *q = realloc_new(want, ra);
   if (!q) return NULL;   /* the old block stays valid, as the standard requires */
   memcpy(q, p, old < size ? old : size);
