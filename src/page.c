@@ -104,8 +104,8 @@ size_t mld_page_collect_remote(page_t *pg) {
   block_t *tail = list;
 #ifdef MALLARD_SECURE
   /* Block by block, trusting no count a block holds: each must be a carved block start of the page (blk_next),
-   * live and freed by another thread (1,1: secure.h), and there are at most `used` of them (a longer list has a
-   * cycle). Live bits are cleared one by one (plain stores, the owner's lines). Remote bits are gathered into
+   * live and freed by another thread (1,1: secure.h), its canary intact, and there are at most `used` of them (a
+   * longer list has a cycle). Live bits are cleared one by one (plain stores, the owner's lines). Remote bits are gathered into
    * per-word masks and cleared once per word after the walk (one locked `and` per word, not per block: the list
    * comes in random order, and these lines are the ones other threads' frees write). */
   remote_masks_t rm;
@@ -119,6 +119,8 @@ size_t mld_page_collect_remote(page_t *pg) {
     if (s) __builtin_prefetch((const void *)link_decode(skey, s));
     if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
     if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
+    /* the remote free left the canary unchecked (secure.h: secure_remote_release) */
+    if (unlikely(canary_damaged(pg, tail))) mld_secure_fail("heap buffer overflow: canary damaged after block", tail);
     if (s) *sw = 0;
     remote_masks_add(&rm, tail);
     block_t *next = blk_next(pg, tail);

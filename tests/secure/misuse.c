@@ -255,6 +255,14 @@ int main(int argc, char **argv) {
     size_t u = malloc_usable_size(p);
     memset(opaque(p), 0x41, u + 1);   /* one byte past the usable size */
     free(p);
+  } else if (!strcmp(m, "overflow-remote")) {
+    /* One byte past the block, which another thread then frees: found when the owner collects it, before the
+     * block can be handed out again (the owner allocates until its page has to take its remote frees back). */
+    size_t u = malloc_usable_size(p);
+    memset(opaque(p), 0x41, u + 1);
+    shared = p;
+    run_thread(remote_free);
+    for (int i = 0; i < 1 << 16; i++) sink = malloc(40);
   } else if (!strcmp(m, "overflow-realloc")) {
     size_t u = malloc_usable_size(p);
     memset(opaque(p), 0x41, u + 8);
