@@ -111,12 +111,18 @@ size_t mld_page_collect_remote(page_t *pg) {
   remote_masks_t rm;
   rm.touched = 0;
   bool skips = pg->block_size > 16;   /* skip hints (secure.h) */
+  size_t bs = pg->block_size;
+  bool canary = bs > MLD_CACHE_LINE && bs <= MLD_CANARY_MAX;   /* a canary on another line than the block's start */
   uint64_t skey = skip_key(pg);
   for (;;) {
     /* A hint is only prefetched (an address it decodes to wrongly costs a useless prefetch, never a fault), and
      * cleared once the block has passed its checks: a block handed out again holds no stored address. */
     uintptr_t *sw = skip_word(tail), s = skips ? *sw : 0;
-    if (s) __builtin_prefetch((const void *)link_decode(skey, s));
+    if (s) {
+      const uint8_t *ahead = (const uint8_t *)link_decode(skey, s);
+      __builtin_prefetch(ahead);
+      if (canary) __builtin_prefetch(ahead + bs - MLD_CANARY);   /* its canary, checked four steps on */
+    }
     if (unlikely(n > pg->used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
     if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
     /* the remote free left the canary unchecked (secure.h: secure_remote_release) */
