@@ -13,7 +13,7 @@ enum { MLD_GUARD_ABORT = 0, MLD_GUARD_REPORT = 1 };   /* guard_action */
 /* Defaults (options.c; docs/OPTIONS.md gives the measurement they come from): a build may change them with -D. */
 #ifndef MLD_GUARD_SAMPLE_DEFAULT
 #ifdef MALLARD_SECURE
-#define MLD_GUARD_SAMPLE_DEFAULT (4u << 20)     /* mean bytes allocated between guarded samples */
+#define MLD_GUARD_SAMPLE_DEFAULT (64u << 20)    /* mean bytes allocated between guarded samples */
 #else
 #define MLD_GUARD_SAMPLE_DEFAULT 0              /* 0: off */
 #endif

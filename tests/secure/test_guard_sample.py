@@ -19,6 +19,7 @@ LIBS = {"fast": FAST, "secure": SECURE}
 PREFIX = {"fast": "mallard: guarded allocation: ", "secure": "mallard-secure: guarded allocation: "}
 
 RATE = 4096   # guard_sample at the test rate: mean bytes between guarded samples
+SECURE_DEFAULT = 64 << 20   # the secure variant's default (guarded.h: MLD_GUARD_SAMPLE_DEFAULT)
 
 
 def bound(size, rate=RATE):
@@ -128,9 +129,11 @@ def test_correct_programs_unaffected(mode, size):
 
 
 def test_secure_default_on_fast_default_off():
-    """The defaults: on in the secure variant (guarded samples taken), off in the fast one."""
-    fast = run(FAST, "clean", 64, 200000, None)
-    secure = run(SECURE, "clean", 64, 200000, None)
+    """The defaults: on in the secure variant (a sample within the bound its default rate guarantees), off in the
+    fast one."""
+    n = bound(64, SECURE_DEFAULT)
+    fast = run(FAST, "clean", 64, n, None)
+    secure = run(SECURE, "clean", 64, n, None)
     assert fast.returncode == 0 and secure.returncode == 0, (fast.stderr, secure.stderr)
     assert "samples 0 " in fast.stdout
     assert int(re.search(r"samples (\d+)", secure.stdout).group(1)) >= 1, secure.stdout
