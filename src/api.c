@@ -272,7 +272,6 @@ static size_t large_growth(size_t size, size_t old) {
 #endif
 }
 
-
 static void *reallocate(void *p, size_t size, const void *ra) {
   if (!p) return realloc_new(size, ra);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */

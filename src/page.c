@@ -105,13 +105,13 @@ size_t mld_page_collect_remote(page_t *pg) {
 #ifdef MALLARD_SECURE
   /* Block by block, trusting no count a block holds: each must be a carved block start of the page (blk_next),
    * live and freed by another thread (1,1: secure.h), its canary intact, and there are at most `used` of them (a
-   * longer list has a cycle). Live bits are cleared one by one (plain stores, the owner's lines). Remote bits are gathered into
-   * per-word masks and cleared once per word after the walk (one locked `and` per word, not per block: the list
-   * comes in random order, and these lines are the ones other threads' frees write). */
+   * longer list has a cycle). Live bits are cleared one by one (plain stores, the owner's lines). Remote bits are
+   * gathered into per-word masks and cleared once per word after the walk (one locked `and` per word, not per
+   * block: the list comes in random order, and these lines are the ones other threads' frees write). */
   remote_masks_t rm;
   rm.touched = 0;
-  bool skips = pg->block_size > 16;   /* skip hints (secure.h) */
   size_t bs = pg->block_size;
+  bool skips = bs > 16;   /* skip hints (secure.h) */
   bool canary = bs > MLD_CACHE_LINE && bs <= MLD_CANARY_MAX;   /* a canary on another line than the block's start */
   uint64_t skey = skip_key(pg);
   for (;;) {

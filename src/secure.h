@@ -211,8 +211,8 @@ static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
  * not stored in any byte a program can read, and a canary read from one page says nothing about another page.
  * Armed when the block is carved (page.c) and never rewritten while the page keeps its key: every owner's free and
  * every collection of a remote free checks it, and nothing writes past a free block's usable bytes (links are in
- * its first word; wipes and junk fills stop at the usable size), so a block handed out again still carries it. A write after free that damages it is
- * reported at the block's next free (or its collection). */
+ * its first word; wipes and junk fills stop at the usable size), so a block handed out again still carries it. A
+ * write after free that damages it is reported at the block's next free (or its collection). */
 static inline uint64_t *canary_at(const page_t *pg, const void *b) {
   return (uint64_t *)((uint8_t *)b + pg->block_size - MLD_CANARY);
 }
