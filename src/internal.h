@@ -113,6 +113,7 @@ typedef struct segment_s {
   void *user;                            /* huge: the pointer handed out */
   size_t user_size;                      /* huge: usable bytes from user */
   uint64_t dirty_since;                  /* huge cache entry: when it was freed, ms */
+  size_t guard_end;                      /* huge in use, secure variant: its PROT_NONE pages run from the block's end to here */
   /* Secure variant, normal segment (arena lock held): slots whose last OS page is PROT_NONE (guard slabs), and
    * slots that are PROT_NONE whole (large blocks' guard slots, freed large blocks). A bit may over-state the
    * protection (it costs one mprotect more) but never under-state it. */
@@ -309,6 +310,7 @@ MLD_HIDDEN void mld_os_unmap(void *p, size_t size);
 MLD_HIDDEN bool mld_os_purge(void *p, size_t size);               /* false: the memory was not released */
 MLD_HIDDEN void mld_os_thp(void *p, size_t size, bool huge_block);
 MLD_HIDDEN void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align);
+MLD_HIDDEN void *mld_os_move(void *old, size_t size, size_t align);   /* NULL: not moved (still at old) */
 MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_owner_set(const void *seg, bool on);
 MLD_HIDDEN void mld_os_name(void *p, size_t size, const char *name);

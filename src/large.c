@@ -24,11 +24,16 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
 /* ---- the secure variant's freed large and huge blocks: wiped and made inaccessible ---- */
 #ifdef MALLARD_SECURE
-/* Freed bytes [p, p + n) (OS-page aligned): wiped under zero_on_free (purged: the kernel drops them and they read
- * back as zero; `wipe`, the bytes accessible now, is cleared when madvise fails), and PROT_NONE from
- * secure_noaccess_min (option) on. Without zero_on_free they stay resident (reused without page faults), unreadable. */
-static bool noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
+/* Freed bytes [p, p + n) (OS-page aligned), under zero_on_free: purged (the kernel drops them and they read back as
+ * zero); `wipe`, the bytes accessible now, is cleared when madvise fails. */
+static void freed_wipe(uint8_t *p, size_t n, uint8_t *wipe, size_t wipe_len) {
   if ((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free) && !mld_os_purge(p, n)) memset(wipe, 0, wipe_len);
+}
+
+/* A freed large block's span [p, p + n): wiped (freed_wipe), and PROT_NONE from secure_noaccess_min (option) on.
+ * Without zero_on_free it stays resident (reused without page faults), unreadable. Huge blocks: huge_retire. */
+static bool noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
+  freed_wipe(p, n, wipe, wipe_len);
   return block_size >= mld_opt.secure_noaccess_min && mprotect(p, n, PROT_NONE) == 0;
 }
 
@@ -228,18 +233,15 @@ static void cache_unlink(segment_t *seg) {   /* huge_lock held */
   atomic_fetch_sub(&mld_huge_cached, seg->map_size);
 }
 
-/* Cache a freed mapping, merged with cached mappings right before or after it (mappings are often adjacent,
- * and a merged one serves larger requests); the merged piece keeps the lower header. huge_lock held. */
-static void cache_insert_coalesced(segment_t *seg) {
+/* Merge a freed mapping with the cached mappings right before or after it (mappings are often adjacent: pieces of
+ * one split mapping always are), taking them out of the cache; the merged piece keeps the lower header, and only
+ * its bit stays set. huge_lock held. */
+static segment_t *cache_absorb_neighbours(segment_t *seg) {
   for (segment_t *s = huge_cache; s;) {
     segment_t *next = s->next;
     if ((uint8_t *)s + s->map_size == (uint8_t *)seg || (uint8_t *)seg + seg->map_size == (uint8_t *)s) {
       cache_unlink(s);
-      segment_t *lo = s < seg ? s : seg, *hi = s < seg ? seg : s;
-#ifdef MALLARD_SECURE
-      /* The lower piece's guard page ends up inside the merged mapping: make it ordinary memory again. */
-      mprotect((uint8_t *)lo + lo->map_size - MLD_OS_PAGE, MLD_OS_PAGE, PROT_READ | PROT_WRITE);
-#endif
+      segment_t *lo = s < seg ? s : seg, *hi = s < seg ? seg : s;   /* secure: both accessible whole (huge_retire) */
       lo->map_size += hi->map_size;
       huge_max_note(lo->map_size);   /* mld_huge_find walks down no further than the largest mapping: merged ones count */
       if (hi->dirty_since > lo->dirty_since) lo->dirty_since = hi->dirty_since;
@@ -249,8 +251,10 @@ static void cache_insert_coalesced(segment_t *seg) {
     }
     s = next;
   }
-  cache_push(seg);
+  return seg;
 }
+
+static void cache_insert_coalesced(segment_t *seg) { cache_push(cache_absorb_neighbours(seg)); }
 
 /* No cached mapping fits `need`: unmap cached ones (oldest first) so that a fresh mapping does not add to
  * memory that sits unused. huge_lock held. */
@@ -275,6 +279,39 @@ static segment_t *huge_remap(segment_t *seg, size_t old_size, size_t new_size) {
   return ns;
 }
 
+#ifdef MALLARD_SECURE
+/* A freed huge block on its way into the cache (secure variant): wiped under zero_on_free, and its mapping made
+ * accessible whole (a cached mapping is one mapping of one protection: split, grown and handed out without
+ * opening anything). From secure_noaccess_min on, the mapping then leaves its address: mremap moves it to a new
+ * random aligned range, carrying its pages, and its page tables whole where they are covered whole (one entry per
+ * 2 MiB where mprotect would rewrite one per page, on free and again on reuse), and leaves the old range unmapped.
+ * Every pointer into the freed block faults from then on, also once its memory is handed out again elsewhere.
+ * Returns where the mapping is now; NULL: it could not be kept (a failed mprotect or mremap) and is unmapped. */
+static segment_t *huge_retire(segment_t *seg, void *p) {
+  size_t end = (size_t)((uint8_t *)p - (uint8_t *)seg) + seg->user_size;
+  freed_wipe((uint8_t *)seg + MLD_HUGE_HEADER, seg->map_size - MLD_HUGE_HEADER, p, seg->user_size);
+  /* [end, guard_end) is PROT_NONE (mld_huge_alloc, mld_huge_resize_within), the rest accessible */
+  bool open = seg->guard_end <= end || mprotect((uint8_t *)seg + end, seg->guard_end - end, PROT_READ | PROT_WRITE) == 0;
+  if (open && seg->user_size < mld_opt.secure_noaccess_min) return seg;   /* option: kept where it is */
+  /* Cached pieces still at their place (the rest of a mapping split when it was taken) move along: one mapping
+   * again, as in the fast variant's cache, instead of pieces too small for the next large request. */
+  pthread_mutex_lock(&huge_lock);
+  mld_owner_set(seg, false);
+  if (open) seg = cache_absorb_neighbours(seg);
+  mld_owner_set(seg, false);   /* a cached piece before it: now the merged mapping's header */
+  pthread_mutex_unlock(&huge_lock);
+  MLD_RACE_WINDOW();   /* unmarked: nothing reads the old headers from here on */
+  size_t map = seg->map_size;
+  segment_t *ns = open ? mld_os_move(seg, map, MLD_SEGMENT_SIZE) : NULL;   /* one VMA: all of it accessible */
+  if (!ns) {
+    mld_os_unmap(seg, map);
+    return NULL;
+  }
+  mld_owner_set(ns, true);   /* the header came along: marked again at its new address */
+  return ns;
+}
+#endif
+
 /* Best fit among the cached mappings. One much larger than needed is split at a segment boundary: the tail
  * (resident memory, reused without page faults) goes back to the cache with a header of its own. */
 static segment_t *huge_cache_take(size_t need, size_t *dirty) {
@@ -287,12 +324,7 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     cache_unlink(best);
     size_t cut = round_up(need, MLD_SEGMENT_SIZE);
     if (best->map_size >= cut + MLD_SEGMENT_SIZE) {
-#ifdef MALLARD_SECURE
-      /* The tail keeps the mapping's guard page; the head gets one of its own at its new end. The tail's header
-       * lies in the inaccessible part of a cached mapping: made writable first. */
-      mprotect((uint8_t *)best + cut - MLD_OS_PAGE, MLD_OS_PAGE, PROT_NONE);
-      mprotect((uint8_t *)best + cut, MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
-#endif
+      /* secure variant: a cached mapping is accessible whole (huge_retire); mld_huge_alloc places the guard */
       segment_t *tail = (segment_t *)((uint8_t *)best + cut);
       memset(tail, 0, sizeof *tail);
       tail->kind = SEG_HUGE;
@@ -316,15 +348,7 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
     cache_unlink(big);
     size_t old_size = big->map_size;
     mld_owner_set(big, false);
-#ifdef MALLARD_SECURE
-    /* mremap moves one mapping of one protection: the cached mapping is opened first (mld_huge_alloc places the
-     * guard after the block again), and closed again if mremap fails. */
-    mprotect((uint8_t *)big + MLD_HUGE_HEADER, old_size - MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
-#endif
-    segment_t *grown = huge_remap(big, old_size, need);
-#ifdef MALLARD_SECURE
-    if (!grown) mprotect((uint8_t *)big + MLD_HUGE_HEADER, old_size - MLD_HUGE_HEADER, PROT_NONE);
-#endif
+    segment_t *grown = huge_remap(big, old_size, need);   /* one mapping of one protection (huge_retire) */
     if (grown) {
       *dirty = old_size;   /* the part added by mremap is fresh (zero) memory */
       grown->map_size = need;
@@ -376,20 +400,16 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
     seg->kind = SEG_HUGE;
     seg->map_size = need;
     fresh = true;
-#ifdef MALLARD_SECURE
-    mprotect((uint8_t *)seg + off + usable, need - off - usable, PROT_NONE);   /* the guard page */
-#endif
     if (mld_opt.thp) mld_os_thp(seg, need, true);
     mld_os_name(seg, need, "mallard-huge");
     huge_max_note(need);
   }
 #ifdef MALLARD_SECURE
-  if (!fresh) {
-    /* A cached mapping is inaccessible past its header (mld_huge_free): the block's pages become accessible, and
-     * everything after them stays PROT_NONE, so the guard is right after the block whatever the mapping's size. */
-    mprotect((uint8_t *)seg + MLD_HUGE_HEADER, off + usable - MLD_HUGE_HEADER, PROT_READ | PROT_WRITE);
-    mprotect((uint8_t *)seg + off + usable, seg->map_size - off - usable, PROT_NONE);
-  }
+  /* The guard page right after the block. A cached mapping is accessible whole (huge_retire), and what lies past
+   * the guard stays so: no linear overflow reaches it without faulting first, and its pages, resident from an
+   * earlier block, cost no page-table walk now or when the block is freed. */
+  size_t end = off + usable;
+  seg->guard_end = mprotect((uint8_t *)seg + end, MLD_OS_PAGE, PROT_NONE) == 0 ? end + MLD_OS_PAGE : end;
 #endif
   seg->user_size = usable;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
   if (zero && !fresh && dirty > off)   /* all of the usable size that may hold old data */
@@ -442,8 +462,7 @@ void mld_huge_free(heap_t *h, segment_t *seg, void *p) {
       atomic_load(&mld_huge_cached) + seg->map_size <= mld_opt.huge_cache_max) {
     if (mld_junk_free_on()) memset(p, MLD_JUNK_FREE_BYTE, seg->user_size);   /* cached, mapped: filled (unmapped: not) */
 #ifdef MALLARD_SECURE
-    /* Cached: wiped and inaccessible past its header until it is handed out again (mld_huge_alloc). */
-    noaccess((uint8_t *)seg + MLD_HUGE_HEADER, seg->map_size - MLD_HUGE_HEADER, seg->user_size, p, seg->user_size);
+    if (!(seg = huge_retire(seg, p))) return;   /* unmapped instead */
 #endif
     pthread_mutex_lock(&huge_lock);
     seg->dirty_since = mld_now_ms();
@@ -595,18 +614,24 @@ bool mld_huge_resize_within(segment_t *seg, size_t size) {
   size_t user_size = round_up(off + size, MLD_OS_PAGE) - off;
   if (user_size > cap) user_size = cap;
 #ifdef MALLARD_SECURE
-  /* The pages after the block are PROT_NONE (mld_huge_alloc): the boundary moves with the block's end, so the
-   * guard stays adjacent; pages given up are purged first. */
-  uint8_t *old_end = (uint8_t *)seg + off + seg->user_size, *new_end = (uint8_t *)seg + off + user_size;
+  /* [block end, guard_end) is PROT_NONE (mld_huge_alloc): its start moves with the block's end, so the guard stays
+   * adjacent. Growth opens up to the new end and, past the closed pages, closes a guard page there; pages given up
+   * by a shrink are purged and closed. */
+  size_t old_end = off + seg->user_size, new_end = off + user_size, guard_end = seg->guard_end;
   if (new_end > old_end) {
-    if (mprotect(old_end, (size_t)(new_end - old_end), PROT_READ | PROT_WRITE) != 0) return false;
+    if (mprotect((uint8_t *)seg + old_end, new_end - old_end, PROT_READ | PROT_WRITE) != 0) return false;
+    if (new_end >= guard_end)   /* new_end <= cap: the page fits the mapping */
+      guard_end = mprotect((uint8_t *)seg + new_end, MLD_OS_PAGE, PROT_NONE) == 0 ? new_end + MLD_OS_PAGE : new_end;
   } else if (new_end < old_end) {
-    mld_os_purge(new_end, (size_t)(old_end - new_end));
-    mprotect(new_end, (size_t)(old_end - new_end), PROT_NONE);
+    mld_os_purge((uint8_t *)seg + new_end, old_end - new_end);
+    if (mprotect((uint8_t *)seg + new_end, old_end - new_end, PROT_NONE) == 0 && guard_end < old_end) guard_end = old_end;
   }
 #endif
   pthread_mutex_lock(&huge_lock);
   seg->user_size = user_size;
+#ifdef MALLARD_SECURE
+  seg->guard_end = guard_end;
+#endif
   pthread_mutex_unlock(&huge_lock);
   return true;
 }

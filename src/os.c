@@ -74,6 +74,17 @@ void mld_os_thp(void *p, size_t size, bool huge_block) {
   else if (mld_opt.thp < 0) madvise(p, size, MADV_NOHUGEPAGE);
 }
 
+/* Move a mapping (one VMA) to a new `align`ed range of new_size bytes without copying: mremap carries its pages
+ * and, where both ranges cover whole page-table pages, the tables themselves. The old range is left unmapped. */
+static void *move_to(void *old, size_t old_size, size_t new_size, size_t align) {
+  void *dst = mld_os_map_aligned(new_size, align);
+  if (!dst) return NULL;
+  void *p = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+  if (p == MAP_FAILED) { mld_os_unmap(dst, new_size); return NULL; }
+  atomic_fetch_sub(&mld_mapped_bytes, old_size);   /* dst's bytes were counted by map_aligned */
+  return p;
+}
+
 /* Grow or shrink a mapping keeping `align`: in place if the kernel can, else moved (without copying) to a new aligned range. */
 void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align) {
   void *p = mremap(old, old_size, new_size, 0);
@@ -82,13 +93,10 @@ void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align) {
     else atomic_fetch_sub(&mld_mapped_bytes, old_size - new_size);
     return p;
   }
-  void *dst = mld_os_map_aligned(new_size, align);
-  if (!dst) return NULL;
-  p = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
-  if (p == MAP_FAILED) { mld_os_unmap(dst, new_size); return NULL; }
-  atomic_fetch_sub(&mld_mapped_bytes, old_size);   /* dst's bytes were counted by map_aligned */
-  return p;
+  return move_to(old, old_size, new_size, align);
 }
+
+void *mld_os_move(void *old, size_t size, size_t align) { return move_to(old, size, size, align); }
 
 /* Name an anonymous mapping (Linux 5.17+ with CONFIG_ANON_VMA_NAME) so that /proc/PID/maps and `mallard vmem`
  * show it as Mallard's; silently nothing on other kernels. */
