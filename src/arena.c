@@ -158,7 +158,7 @@ void mld_span_set_used(page_t *pg, size_t n, uint8_t kind) {
 
 static void span_insert(arena_t *a, page_t *pg) {
   size_t n = pg->slot_count;
-  page_t **head = &a->spans[n];
+  page_t **head = &a->spans[segment_of(pg)->use][n];
   if (!pg->purged || !*head) {            /* dirty spans go first: reusing them costs no page faults */
     pg->prev = NULL;
     pg->next = *head;
@@ -177,14 +177,14 @@ static void span_insert(arena_t *a, page_t *pg) {
 
 static void span_remove(arena_t *a, page_t *pg) {
   size_t n = pg->slot_count;
-  if (pg->prev) pg->prev->next = pg->next; else a->spans[n] = pg->next;
+  if (pg->prev) pg->prev->next = pg->next; else a->spans[segment_of(pg)->use][n] = pg->next;
   if (pg->next) pg->next->prev = pg->prev;
   pg->next = pg->prev = NULL;
   if (pg->purged) a->purged_slots -= n; else a->dirty_slots -= n;
   segment_of(pg)->free_slots -= (uint32_t)n;
 }
 
-static segment_t *segment_new(arena_t *a) {
+static segment_t *segment_new(arena_t *a, unsigned use) {
   segment_t *seg = mld_os_map_aligned(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE);
   if (!seg) return NULL;
   if (mld_opt.thp) mld_os_thp(seg, MLD_SEGMENT_SIZE, false);
@@ -194,6 +194,7 @@ static segment_t *segment_new(arena_t *a) {
   mprotect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_FIRST_SLOT * MLD_SLOT_SIZE - MLD_GUARD_OFFSET, PROT_NONE);
 #endif
   seg->kind = SEG_NORMAL;
+  seg->use = use;
   seg->arena = a;
   seg->pages[0].kind = PAGE_META;
   page_t *pg = &seg->pages[MLD_FIRST_SLOT];
@@ -223,13 +224,18 @@ void mld_segment_release(arena_t *a, segment_t *seg) {
 /* Best fit: the smallest free span with at least `slots` slots, split; a new segment when none fits. The span is
  * marked `kind` before the lock is released: threads freeing a neighbour read its descriptors under the lock. */
 page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero) {
+  /* Secure variant: large blocks, and small pages of each size, in segments of their own. A large block is never
+   * next to a small page, and a page always comes back where a page of its size was: its guard slab where the last
+   * one was (none of the two mprotect calls, to open a closed slot and guard the new end, that a span's new layout
+   * costs), never where a large block left its span closed and its guard slot behind. */
+  unsigned use = MLD_SPAN_USES == 1 || kind == PAGE_LARGE || slots >= MLD_SPAN_USES ? 0 : (unsigned)slots;
   arena_lock(a);
   page_t *pg = NULL;
   for (size_t n = slots; n <= MLD_USABLE_SLOTS; n++) {
-    if (a->spans[n]) { pg = a->spans[n]; break; }
+    if (a->spans[use][n]) { pg = a->spans[use][n]; break; }
   }
   if (!pg) {
-    segment_t *seg = segment_new(a);
+    segment_t *seg = segment_new(a, use);
     if (!seg) { arena_unlock(a); return NULL; }
     pg = &seg->pages[MLD_FIRST_SLOT];
   }
@@ -499,8 +505,9 @@ size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t next_due = 0;
   mld_arena_reap_abandoned(a, now);
   a->npurge_passes++;
-  for (size_t n = 1; n <= MLD_USABLE_SLOTS; n++) {
-    for (page_t *pg = a->spans[n]; pg; ) {
+  for (size_t i = 0; i < MLD_SPAN_USES * MLD_USABLE_SLOTS; i++) {   /* every list: by use, then by slot count */
+    size_t n = i % MLD_USABLE_SLOTS + 1;
+    for (page_t *pg = a->spans[i / MLD_USABLE_SLOTS][n]; pg; ) {
       page_t *next = pg->next;
       if (!pg->purged) {
         if (all || now - pg->dirty_since >= decay) {

@@ -36,6 +36,11 @@
 #define MLD_LARGE_MAX (2 * 1024 * 1024)                   /* up to here: slot spans; above: huge mappings */
 #define MLD_NUM_CLASSES 52
 #define MLD_MAX_PAGE_SLOTS 16
+#ifdef MALLARD_SECURE
+#define MLD_SPAN_USES (MLD_MAX_PAGE_SLOTS + 1)          /* segments hold large blocks (0) or small pages of one size */
+#else
+#define MLD_SPAN_USES 1
+#endif
 #define MLD_MAX_ARENAS 64
 #define MLD_KEEP_SLOTS 16                                 /* slots of empty multi-slot current pages a heap keeps */
 #define MLD_ADDR_BITS 47                                  /* user address space covered by the ownership map */
@@ -107,6 +112,7 @@ enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
 typedef struct segment_s {
   uint32_t kind;                         /* SEG_* */
   uint32_t free_slots;                   /* normal segment: slots in free spans */
+  uint32_t use;                          /* normal segment: what its spans serve (arena_t.spans; 0 in the fast variant) */
   struct arena_s *arena;
   struct segment_s *next, *prev;         /* arena segment list, or the huge cache */
   size_t map_size;                       /* huge: bytes mapped from `this` */
@@ -240,7 +246,7 @@ typedef struct arena_s {
   uint64_t nthreads_total;               /* heaps ever attached */
   segment_t *segments;                   /* normal segments of this arena */
   size_t nsegments;
-  page_t *spans[MLD_USABLE_SLOTS + 1];   /* free spans by slot count; dirty ones first */
+  page_t *spans[MLD_SPAN_USES][MLD_USABLE_SLOTS + 1];   /* free spans by segment use and slot count; dirty first */
   page_t *abandoned[MLD_NUM_CLASSES];    /* small pages of exited threads that still hold blocks */
   size_t dirty_slots;                    /* slots in free spans not yet purged */
   size_t purged_slots;

@@ -6,6 +6,9 @@
  *   mixed: large blocks (300 KiB-1.9 MiB, inaccessible once freed) freed and reallocated, grown and shrunk in
  *          place, with small blocks of every class taking the same spans in between; every byte of every block
  *          written and checked. Prints "ok" (a span handed out with a closed page faults instead).
+ *   kinds: large blocks (inaccessible once freed) freed between rounds of small blocks of four page sizes (1, 2,
+ *          5 and 16 slots); prints "mprotect N" for the small rounds after the first 100 (a small page cut where a
+ *          large block or a page of another size was opens a slot and guards its new end).
  *   grow:  one block realloc'd from 300 KiB to 1.9 MiB by 16 KiB steps (a vector's growth), its new bytes written
  *          each time; prints "mprotect N" for the whole growth (each growth in place moves the guard slot: two
  *          calls, so a block grown exactly as asked pays about two per 64 KiB). */
@@ -77,6 +80,29 @@ int main(int argc, char **argv) {
     free(p);
     return 0;
   }
+  if (!strcmp(m, "kinds")) {
+    static const size_t sizes[4] = { 4000, 12000, 36000, 200000 };   /* default slab_sizes: 1, 2, 5, 16 slots */
+    long counted = 0;
+    for (int round = 0; round < 300; round++) {
+      size_t n = (300u << 10) + (size_t)(next() % (1200u << 10));
+      unsigned char *big = malloc(n);
+      if (!big) { printf("malloc failed\n"); return 1; }
+      fill(big, n, 0x44);
+      free(big);
+      long before = atomic_load(&calls);
+      /* 3 to 8 pages of each size (more than a thread keeps empty), taken in an order that changes every round */
+      void *s[4][40];
+      for (int j = 0; j < 4; j++) {
+        int k = round & 1 ? 3 - j : j;
+        for (int i = 0; i < 40; i++) { s[k][i] = malloc(sizes[k]); fill(s[k][i], sizes[k], 0x55); }
+      }
+      for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 40; i++) free(s[k][i]);
+      if (round >= 100) counted += atomic_load(&calls) - before;
+    }
+    printf("mprotect %ld\n", counted);
+    return 0;
+  }
   if (!strcmp(m, "mixed")) {
     enum { LIVE = 6 };
     unsigned char *big[LIVE] = { 0 };
@@ -111,6 +137,6 @@ int main(int argc, char **argv) {
     printf("ok\n");
     return 0;
   }
-  fprintf(stderr, "usage: prot_reuse churn|mixed\n");
+  fprintf(stderr, "usage: prot_reuse churn|kinds|grow|mixed\n");
   return 1;
 }
