@@ -19,7 +19,7 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
                                               * in a guard page (hardened_malloc's guard slabs); 0: none */
 #endif
 #ifndef MLD_SECURE_NOACCESS_MIN
-#define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large and huge blocks from this size: purged and PROT_NONE */
+#define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large blocks from this size PROT_NONE, huge ones moved away */
 #endif
 #ifndef MLD_LARGE_QUARANTINE
 #define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back; 0: none
