@@ -1,6 +1,7 @@
 #!/bin/bash
 # tsan.sh [OUT] — the secure variant's cross-thread paths under ThreadSanitizer: tests/c/test_stress.c (remote frees
-# clearing allocation bits, encrypted outbox batches, collection) against a TSan-instrumented prefixed secure library.
+# clearing allocation bits, encrypted outbox batches, collection) and tests/c/test_owner_probe.c (mallard_owns while
+# huge blocks are moved away as they are freed) against a TSan-instrumented prefixed secure library.
 # The ThreadSanitizer build of scripts/test.sh (build-tsan) instruments the fast variant only. Any report fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -15,5 +16,9 @@ for s in $srcs api.c; do
     -c "$root/src/$s" -o "$out/${s%.c}.o"
   objs+=("$out/${s%.c}.o")
 done
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$root/tests/c/tsan.supp"
 "$cc" "${flags[@]}" -DMT_PREFIX -fno-builtin "$root/tests/c/test_stress.c" "${objs[@]}" -o "$out/secure-stress" -lpthread -ldl
-TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$root/tests/c/tsan.supp" "$out/secure-stress"
+"$out/secure-stress"
+# mallard_owns probing huge blocks that the huge cache moves away (mremap) as they are freed, and large blocks.
+"$cc" "${flags[@]}" -DMT_PREFIX -fno-builtin "$root/tests/c/test_owner_probe.c" "${objs[@]}" -o "$out/secure-owner-probe" -lpthread -ldl
+MALLARD_CONF=large_quarantine:0 "$out/secure-owner-probe"
