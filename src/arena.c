@@ -505,30 +505,31 @@ size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t next_due = 0;
   mld_arena_reap_abandoned(a, now);
   a->npurge_passes++;
-  for (size_t i = 0; i < MLD_SPAN_USES * MLD_USABLE_SLOTS; i++) {   /* every list: by use, then by slot count */
-    size_t n = i % MLD_USABLE_SLOTS + 1;
-    for (page_t *pg = a->spans[i / MLD_USABLE_SLOTS][n]; pg; ) {
-      page_t *next = pg->next;
-      if (!pg->purged) {
-        if (all || now - pg->dirty_since >= decay) {
-          size_t len = n << MLD_SLOT_SHIFT;
-          a->nmadvise++;
-          if (mld_os_purge(page_start(pg), len)) {
-            a->purged_bytes_total += len;
-            bytes += len;
-            pg->purged = 1;
-            pg->zero = 1;
-            a->dirty_slots -= n;
-            a->purged_slots += n;
-          } else if (!next_due || now + decay < next_due) {
-            next_due = now + (decay ? decay : 1);
+  for (unsigned use = 0; use < MLD_SPAN_USES; use++) {
+    for (size_t n = 1; n <= MLD_USABLE_SLOTS; n++) {
+      for (page_t *pg = a->spans[use][n]; pg; ) {
+        page_t *next = pg->next;
+        if (!pg->purged) {
+          if (all || now - pg->dirty_since >= decay) {
+            size_t len = n << MLD_SLOT_SHIFT;
+            a->nmadvise++;
+            if (mld_os_purge(page_start(pg), len)) {
+              a->purged_bytes_total += len;
+              bytes += len;
+              pg->purged = 1;
+              pg->zero = 1;
+              a->dirty_slots -= n;
+              a->purged_slots += n;
+            } else if (!next_due || now + decay < next_due) {
+              next_due = now + (decay ? decay : 1);
+            }
+          } else if (!next_due || pg->dirty_since + decay < next_due) {
+            next_due = pg->dirty_since + decay;
           }
-        } else if (!next_due || pg->dirty_since + decay < next_due) {
-          next_due = pg->dirty_since + decay;
         }
+        if (n == MLD_USABLE_SLOTS && pg->purged && !mld_opt.retain) mld_segment_release(a, segment_of(pg));
+        pg = next;
       }
-      if (n == MLD_USABLE_SLOTS && pg->purged && !mld_opt.retain) mld_segment_release(a, segment_of(pg));
-      pg = next;
     }
   }
   a->next_purge_ms = next_due;

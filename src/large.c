@@ -296,9 +296,8 @@ static segment_t *huge_retire(segment_t *seg, void *p) {
   /* Cached pieces still at their place (the rest of a mapping split when it was taken) move along: one mapping
    * again, as in the fast variant's cache, instead of pieces too small for the next large request. */
   pthread_mutex_lock(&huge_lock);
-  mld_owner_set(seg, false);
-  if (open) seg = cache_absorb_neighbours(seg);
-  mld_owner_set(seg, false);   /* a cached piece before it: now the merged mapping's header */
+  if (open) seg = cache_absorb_neighbours(seg);   /* clears the bit of every piece but the lowest */
+  mld_owner_set(seg, false);   /* the lowest piece's header: the merged mapping's, or the freed one's */
   pthread_mutex_unlock(&huge_lock);
   MLD_RACE_WINDOW();   /* unmarked: nothing reads the old headers from here on */
   size_t map = seg->map_size;
