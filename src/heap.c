@@ -162,12 +162,17 @@ bool mld_heap_bind_arena(heap_t *h, unsigned index) {
 
 #ifdef MALLARD_SECURE
 /* An empty page has no live block and none waiting as a remote free: the bits of both bitmaps are all clear (a
- * bookkeeping check). */
+ * bookkeeping check). Bits are only ever left set at the starts of carved blocks (a free of any other address is
+ * reported before its page can empty: secure_owner_release, the collection), so the words checked are those of
+ * the carved blocks' starts: every word of the carved bytes for blocks under 1 KiB (a word covers 1 KiB), the
+ * word of each block's start above (a 1 MiB page of 256 KiB blocks: 4 words, not 1024). */
 static void secure_check_empty(const page_t *pg) {
   uint8_t *start = page_start(pg);
-  uint64_t *live = bm_word(start), *remote = bm_remote_word(live);
-  for (size_t i = 0; i < ((size_t)pg->slot_count << MLD_SLOT_SHIFT) / 1024; i++)
-    if (bm_load(&live[i]) | bm_load(&remote[i])) mld_secure_fail("live block in a page being released:", start + i * 1024);
+  size_t bs = pg->block_size, carved = (size_t)pg->capacity * bs, step = bs > 1024 ? bs : 1024;
+  for (size_t off = 0; off < carved; off += step) {
+    uint64_t *live = bm_word(start + off);
+    if (bm_load(live) | bm_load(bm_remote_word(live))) mld_secure_fail("live block in a page being released:", start + off);
+  }
 }
 #endif
 
@@ -302,7 +307,7 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
   while (h != &mld_exit_heap && (pg = mld_arena_adopt(a, c, h)) != NULL) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
-    if (pg->free || mld_page_extend(pg)) {
+    if (mld_page_refill(pg)) {
       list_push_head(&h->avail[c], pg);
       return pg;
     }
@@ -330,7 +335,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
   /* No limit here: a page is parked at most once per return from the full list, so the walk is amortised. */
   while (pg) {
     page_t *next = pg->next;
-    if (mld_page_collect(pg) || mld_page_extend(pg)) {
+    if (mld_page_refill(pg)) {
       if (pg != avail->head) { list_remove(avail, pg); list_push_head(avail, pg); }
       return pg;
     }

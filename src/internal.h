@@ -397,6 +397,7 @@ MLD_HIDDEN void mld_page_init(page_t *pg, unsigned cls, heap_t *h);
 MLD_HIDDEN bool mld_page_collect(page_t *pg);
 MLD_HIDDEN bool mld_page_extend(page_t *pg);
 MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
+MLD_HIDDEN bool mld_page_refill(page_t *pg);
 
 /* background.c */
 /* Set while this thread allocates for Mallard itself (the profiler's tables, the unwinder's loader, the purging

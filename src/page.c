@@ -157,3 +157,16 @@ bool mld_page_collect(page_t *pg) {
   mld_page_collect_remote(pg);
   return pg->free != NULL;
 }
+
+/* A page is about to serve the heap's allocations: remote frees first, else a fresh chunk; true if it has a free
+ * block. The secure variant, when the page has blocks to reuse and room to carve, also carves a chunk at a coin
+ * toss (its blocks go first, ahead of the recycled ones): whether the next block is a recycled or a fresh one is not
+ * known in advance (DESIGN §5: allocation choosing randomly between extending and reusing). Part of the random
+ * order, so shuffle:0 or 1 turns it off too. */
+bool mld_page_refill(page_t *pg) {
+  if (!mld_page_collect(pg)) return mld_page_extend(pg);
+#ifdef MALLARD_SECURE
+  if (mld_opt.shuffle > 1 && pg->capacity < pg->reserved && (mld_random64() & 1)) mld_page_extend(pg);
+#endif
+  return true;
+}

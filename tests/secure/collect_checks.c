@@ -1,5 +1,6 @@
-/* collect_checks.c — white-box checks of the secure variant's collection of remote frees: a block on a page's remote
- * list must be (live, remote) = (1,1); one that is not (as a forged list entry would be) is reported, not collected. */
+/* collect_checks.c — white-box checks of the secure variant's bookkeeping: a block on a page's remote list must be
+ * (live, remote) = (1,1), one that is not (as a forged list entry would be) is reported, not collected; a page
+ * released empty must have every bit clear, a stray one is reported. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "secure.h"
@@ -10,10 +11,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { CONTROL, REMOTE_MARK_CLEAR, NOT_LIVE };
+enum { CONTROL, REMOTE_MARK_CLEAR, NOT_LIVE, STRAY_LIVE_SMALL, STRAY_REMOTE_MEDIUM };
+
+/* In the child: one block of `size` bytes on a fresh page; the last carved block other than it gets a stray bit
+ * (live or remote: a bookkeeping error, no free makes it), then the block is freed and the page released. */
+static void stray_bit(size_t size, bool remote) {
+  uint8_t *b = mallard_malloc(size);
+  page_t *pg = page_of(segment_of(b), b);
+  uint8_t *last = page_start(pg) + (size_t)(pg->capacity - 1) * pg->block_size;
+  if (last == b) last -= pg->block_size;
+  uint64_t *w = bm_word(last);
+  if (remote) w = bm_remote_word(w);
+  __atomic_fetch_or(w, (uint64_t)1 << (bm_bit_index(last) & 63), __ATOMIC_RELAXED);
+  mallard_free(b);
+  mallard_ctl("thread.tcache.flush", NULL, NULL, NULL, 0);   /* the empty page leaves, kept or not */
+  _exit(0);
+}
 
 /* In the child: put a block of a live page on the page's remote list in one of three states, then collect. */
 static void child(int which) {
+  if (which == STRAY_LIVE_SMALL) stray_bit(3000, false);        /* 3 KiB blocks: 5 carved, the last on word 12 */
+  if (which == STRAY_REMOTE_MEDIUM) stray_bit(200000, true);    /* a 1 MiB page of 4 blocks over 200 KiB */
   void *keep = mallard_malloc(40);   /* the page stays in use whatever happens to b */
   block_t *b = mallard_malloc(40);
   page_t *pg = page_of(segment_of(b), b);
@@ -59,6 +77,8 @@ int main(void) {
   static const struct { int which; const char *msg; } bad[] = {
     { REMOTE_MARK_CLEAR, "remote free list corrupted near" },
     { NOT_LIVE, "double free or invalid free of" },
+    { STRAY_LIVE_SMALL, "live block in a page being released" },
+    { STRAY_REMOTE_MEDIUM, "live block in a page being released" },
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     st = run(bad[i].which, err, sizeof err);

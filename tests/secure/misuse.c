@@ -393,6 +393,22 @@ int main(int argc, char **argv) {
      * which fresh blocks are carved into a page's list (the secure variant shuffles every 16 KiB chunk). */
     for (int i = 0; i < 20000; i++) printf("%lx\n", (unsigned long)(uintptr_t)malloc(200));
     return 0;
+  } else if (!strcmp(m, "reuse-or-extend")) {
+    /* A page's first chunk of 8000-byte blocks (8 KiB blocks: a chunk is the 4-block minimum, the 64 KiB page holds
+     * 7 or 8) is handed out whole; another thread frees two of them; the next malloc refills from the page. Prints
+     * "recycled" when it returns one of the two, "fresh" when a block of the page not yet handed out, "other"
+     * otherwise. The secure variant carves a fresh chunk first at a coin toss (page.c mld_page_refill). */
+    static void *b[4];
+    for (int i = 0; i < 4; i++) b[i] = opaque(malloc(8000));
+    uintptr_t page = (uintptr_t)b[0] & ~(uintptr_t)0xFFFF;
+    for (int i = 1; i < 4; i++)
+      if (((uintptr_t)b[i] & ~(uintptr_t)0xFFFF) != page) { printf("other (the chunk spans pages)\n"); return 0; }
+    free_in_other_thread(b, 2);
+    void *q = opaque(malloc(8000));
+    if (q == b[0] || q == b[1]) printf("recycled\n");
+    else if (((uintptr_t)q & ~(uintptr_t)0xFFFF) == page && q != b[2] && q != b[3]) printf("fresh\n");
+    else printf("other %p\n", q);
+    return 0;
   } else if (!strcmp(m, "fresh-words")) {
     /* Prints "clean" when the first word of every fresh block reads 0, else "nonzero N": what a program reading
      * uninitialised memory learns (in a secure build before issue 16: a list terminator was the key itself). */

@@ -241,6 +241,23 @@ def test_fast_carves_in_address_order_control():
     assert sum(b == a + 1 for a, b in pairs) > 0.95 * len(pairs)
 
 
+def reuse_or_extend(lib, conf=None, runs=24):
+    return [output(lib, "reuse-or-extend", conf) for _ in range(runs)]
+
+
+def test_secure_refill_chooses_between_fresh_and_recycled_blocks():
+    """When a page has both blocks freed by another thread and room to carve, the secure variant's refill carves a
+    fresh chunk first at a coin toss: over 24 processes both outcomes occur (all alike by chance: 2 * 2^-24), and
+    nothing else (a block of another page, or one still handed out). shuffle:0 (address order) turns it off."""
+    got = reuse_or_extend(SECURE)
+    assert set(got) == {"fresh", "recycled"}, got
+    assert set(reuse_or_extend(SECURE, "shuffle:0", runs=6)) == {"recycled"}
+
+
+def test_fast_refill_reuses_control():
+    assert set(reuse_or_extend(FAST, runs=6)) == {"recycled"}
+
+
 def test_secure_fresh_blocks_hold_no_link():
     """The first word of a fresh block (it held the next free block's encrypted link, or a list's end) reads 0."""
     assert output(SECURE, "fresh-words") == "clean"
