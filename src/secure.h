@@ -90,14 +90,18 @@ static inline uintptr_t link_decode(uint64_t k, uintptr_t e) {
 }
 /* The next block after b on a list of pg: a carved block start of the page (bounds and block alignment), or NULL.
  * Whether it is really free is checked when it is handed out (the allocation bitmap). */
-static inline block_t *blk_next(const page_t *pg, const block_t *b) {
+/* The same from the page's fields passed in (a walk keeps them in registers): key, start, carved bytes, magic. */
+static inline block_t *link_follow(uint64_t key, uintptr_t start, uint64_t carved, uint64_t magic, const block_t *b) {
   uintptr_t e = (uintptr_t)b->next;
   if (!e) return NULL;
-  uintptr_t v = link_decode(pg->list_key, e);
-  uint64_t off = v - pg->start;
-  if (unlikely(off >= (uint64_t)pg->capacity * pg->block_size || off * pg->align_magic >= pg->align_magic))
+  uintptr_t v = link_decode(key, e);
+  uint64_t off = v - start;
+  if (unlikely(off >= carved || off * magic >= magic))
     mld_secure_fail("free list corrupted (use after free?): bad link in the block at", b);
   return (block_t *)v;
+}
+static inline block_t *blk_next(const page_t *pg, const block_t *b) {
+  return link_follow(pg->list_key, pg->start, (uint64_t)pg->capacity * pg->block_size, pg->align_magic, b);
 }
 static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
   b->next = (block_t *)link_encode(pg->list_key, n);
@@ -216,10 +220,11 @@ static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
 static inline uint64_t *canary_at(const page_t *pg, const void *b) {
   return (uint64_t *)((uint8_t *)b + pg->block_size - MLD_CANARY);
 }
-static inline uint64_t canary_value(const page_t *pg, const void *b) {
-  __uint128_t m = (__uint128_t)((uintptr_t)b ^ pg->list_key) * (pg->list_key | 1);
+static inline uint64_t canary_of(uint64_t key, const void *b) {
+  __uint128_t m = (__uint128_t)((uintptr_t)b ^ key) * (key | 1);
   return (uint64_t)m ^ (uint64_t)(m >> 64);
 }
+static inline uint64_t canary_value(const page_t *pg, const void *b) { return canary_of(pg->list_key, b); }
 static inline bool canary_damaged(const page_t *pg, const void *b) {
   return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(pg, b);
 }
