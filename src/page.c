@@ -26,12 +26,14 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   atomic_store_explicit(&pg->heap, h, memory_order_release);
 }
 
-/* Carve the next blocks of the page into its (empty) free list, in address order. */
-bool mld_page_extend(page_t *pg) {
+/* Carve the next blocks of the page (at most `most`) onto the front of its free list, in address order (the secure
+ * variant: shuffled). */
+static bool page_extend(page_t *pg, size_t most) {
   if (pg->capacity >= pg->reserved) return false;
   size_t bs = pg->block_size;
   size_t n = MLD_EXTEND_BYTES / bs;
   if (n < 4) n = 4;
+  if (n > most) n = most;
   if (n > pg->reserved - pg->capacity) n = pg->reserved - pg->capacity;
   uint8_t *first = page_start(pg) + (size_t)pg->capacity * bs;
 #ifdef MALLARD_SECURE
@@ -58,6 +60,9 @@ bool mld_page_extend(page_t *pg) {
   pg->capacity += (uint32_t)n;
   return true;
 }
+
+/* Carve the next chunk: MLD_EXTEND_BYTES of blocks, at least 4. */
+bool mld_page_extend(page_t *pg) { return page_extend(pg, SIZE_MAX); }
 
 #ifdef MALLARD_SECURE
 /* The remote bits a collection clears, gathered by bitmap word: a direct-mapped table of 64 words (a one-slot page
@@ -172,7 +177,7 @@ bool mld_page_collect(page_t *pg) {
 bool mld_page_refill(page_t *pg) {
   if (!mld_page_collect(pg)) return mld_page_extend(pg);
 #ifdef MALLARD_SECURE
-  if (mld_opt.shuffle > 1 && pg->capacity < pg->reserved && (mld_random64() & 1)) mld_page_extend(pg);
+  if (mld_opt.shuffle > 1 && pg->capacity < pg->reserved && (mld_random64() & 1)) page_extend(pg, MLD_COIN_CARVE);
 #endif
   return true;
 }

@@ -35,6 +35,10 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 #define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh blocks in random order within runs of this many (page.c); the
                                               * maximum: each carved chunk whole; 0 or 1: address order */
 #endif
+#ifndef MLD_COIN_CARVE
+#define MLD_COIN_CARVE 8                     /* blocks a refill carves ahead of the recycled ones when its coin says
+                                              * so (page.c mld_page_refill): a few, so the footprint stays put */
+#endif
 #if MLD_SHUFFLE > MLD_SHUFFLE_MAX
 #error "MLD_SHUFFLE exceeds a carved chunk's most blocks (MLD_SHUFFLE_MAX)"
 #endif
@@ -101,7 +105,13 @@ static inline block_t *link_follow(uint64_t key, uintptr_t start, uint64_t carve
   return (block_t *)v;
 }
 static inline block_t *blk_next(const page_t *pg, const block_t *b) {
-  return link_follow(pg->list_key, pg->start, (uint64_t)pg->capacity * pg->block_size, pg->align_magic, b);
+  uintptr_t e = (uintptr_t)b->next;
+  if (!e) return NULL;
+  uintptr_t v = link_decode(pg->list_key, e);
+  uint64_t off = v - pg->start;
+  if (unlikely(off >= (uint64_t)pg->capacity * pg->block_size || off * pg->align_magic >= pg->align_magic))
+    mld_secure_fail("free list corrupted (use after free?): bad link in the block at", b);
+  return (block_t *)v;
 }
 static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
   b->next = (block_t *)link_encode(pg->list_key, n);
