@@ -397,7 +397,7 @@ int main(int argc, char **argv) {
     /* A page's first chunk of 8000-byte blocks (8 KiB blocks: a chunk is the 4-block minimum, the 64 KiB page holds
      * 7 or 8) is handed out whole; another thread frees two of them; the next malloc refills from the page. Prints
      * "recycled" when it returns one of the two, "fresh" when a block of the page not yet handed out, "other"
-     * otherwise. The secure variant carves a fresh chunk first at a coin toss (page.c mld_page_refill). */
+     * otherwise. The secure variant carves fresh blocks first at a coin toss (page.c mld_page_refill). */
     static void *b[4];
     for (int i = 0; i < 4; i++) b[i] = opaque(malloc(8000));
     uintptr_t page = (uintptr_t)b[0] & ~(uintptr_t)0xFFFF;

@@ -247,7 +247,7 @@ def reuse_or_extend(lib, conf=None, runs=24):
 
 def test_secure_refill_chooses_between_fresh_and_recycled_blocks():
     """When a page has both blocks freed by another thread and room to carve, the secure variant's refill carves a
-    fresh chunk first at a coin toss: over 24 processes both outcomes occur (all alike by chance: 2 * 2^-24), and
+    few fresh blocks first at a coin toss: over 24 processes both outcomes occur (all alike by chance: 2 * 2^-24), and
     nothing else (a block of another page, or one still handed out). shuffle:0 (address order) turns it off."""
     got = reuse_or_extend(SECURE)
     assert set(got) == {"fresh", "recycled"}, got
