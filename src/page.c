@@ -171,9 +171,9 @@ bool mld_page_collect(page_t *pg) {
 
 /* A page is about to serve the heap's allocations: remote frees first, else a fresh chunk; true if it has a free
  * block. The secure variant, when the page has blocks to reuse and room to carve, also carves a few blocks
- * (MLD_COIN_CARVE) at a coin toss, ahead of the recycled ones: whether the next block is a recycled or a fresh one is not
- * known in advance (DESIGN §5: allocation choosing randomly between extending and reusing). Part of the random
- * order, so shuffle:0 or 1 turns it off too. */
+ * (MLD_COIN_CARVE) at a coin toss, ahead of the recycled ones: whether the next block is a recycled or a fresh
+ * one is not known in advance (DESIGN §5: allocation choosing randomly between extending and reusing). Part of
+ * the random order, so shuffle:0 or 1 turns it off too. */
 bool mld_page_refill(page_t *pg) {
   if (!mld_page_collect(pg)) return mld_page_extend(pg);
 #ifdef MALLARD_SECURE
