@@ -237,8 +237,13 @@ static inline uint64_t canary_of(uint64_t key, const void *b) {
   return (uint64_t)m ^ (uint64_t)(m >> 64);
 }
 static inline uint64_t canary_value(const page_t *pg, const void *b) { return canary_of(pg->list_key, b); }
+/* The same from a page's key and block size (a walk keeps them in registers). */
+static inline bool canary_damaged_of(uint64_t key, size_t block_size, const void *b) {
+  return block_size <= MLD_CANARY_MAX &&
+         *(const uint64_t *)((const uint8_t *)b + block_size - MLD_CANARY) != canary_of(key, b);
+}
 static inline bool canary_damaged(const page_t *pg, const void *b) {
-  return pg->block_size <= MLD_CANARY_MAX && *canary_at(pg, b) != canary_value(pg, b);
+  return canary_damaged_of(pg->list_key, pg->block_size, b);
 }
 
 /* zero_on_free's wipe. On x86-64 `rep stosb` inline: a call to memset would make the free fast path save and
