@@ -229,9 +229,11 @@ static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
  * every collection of a remote free checks it, and nothing writes past a free block's usable bytes (links are in
  * its first word; wipes and junk fills stop at the usable size), so a block handed out again still carries it. A
  * write after free that damages it is reported at the block's next free (or its collection). */
-static inline uint64_t *canary_at(const page_t *pg, const void *b) {
-  return (uint64_t *)((uint8_t *)b + pg->block_size - MLD_CANARY);
+/* Where the canary of a block of this size lies: its last MLD_CANARY bytes. */
+static inline uint64_t *canary_slot(size_t block_size, const void *b) {
+  return (uint64_t *)((uint8_t *)b + block_size - MLD_CANARY);
 }
+static inline uint64_t *canary_at(const page_t *pg, const void *b) { return canary_slot(pg->block_size, b); }
 static inline uint64_t canary_of(uint64_t key, const void *b) {
   __uint128_t m = (__uint128_t)((uintptr_t)b ^ key) * (key | 1);
   return (uint64_t)m ^ (uint64_t)(m >> 64);
@@ -239,8 +241,7 @@ static inline uint64_t canary_of(uint64_t key, const void *b) {
 static inline uint64_t canary_value(const page_t *pg, const void *b) { return canary_of(pg->list_key, b); }
 /* The same from a page's key and block size (a walk keeps them in registers). */
 static inline bool canary_damaged_of(uint64_t key, size_t block_size, const void *b) {
-  return block_size <= MLD_CANARY_MAX &&
-         *(const uint64_t *)((const uint8_t *)b + block_size - MLD_CANARY) != canary_of(key, b);
+  return block_size <= MLD_CANARY_MAX && *canary_slot(block_size, b) != canary_of(key, b);
 }
 static inline bool canary_damaged(const page_t *pg, const void *b) {
   return canary_damaged_of(pg->list_key, pg->block_size, b);
