@@ -242,7 +242,12 @@ def command_for(cell: MbCell, mbench_dir: Path) -> list[str]:
 
 def repro(cell: MbCell, alloc, mbench_dir: Path) -> str:
     """A shell line that reruns one cell under one allocator (in a scratch folder: rptest writes a file there)."""
+    from mallard_cli import allocators as alloc_mod
+
     pre = f"LD_PRELOAD={shlex.quote(alloc.path)} " if alloc.path else ""
+    var = alloc_mod.conf_variable(alloc, getattr(alloc, "conf", None))
+    if var:
+        pre += f"{var[0]}={shlex.quote(var[1])} "
     return "cd \"$(mktemp -d)\" && " + pre + " ".join(shlex.quote(a) for a in command_for(cell, mbench_dir))
 
 

@@ -202,6 +202,9 @@ def repro(cell: Cell, alloc, bins: Path) -> str:
     env = {k: v for k, v in cell.env.items()}
     if alloc.path:
         env["LD_PRELOAD"] = alloc.path
+    var = alloc_mod.conf_variable(alloc, getattr(alloc, "conf", None))
+    if var:
+        env[var[0]] = var[1]
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     if cell.kind == "redis":
         cmd = f"bench/run.py full --workloads redis --allocators {alloc.name} --repeats 1"
@@ -271,7 +274,7 @@ def machine_info(allocs) -> dict:
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1048576, 1),
         "kernel": os.uname().release, "os": out(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
-        "allocators": {a.name: {"version": a.version, "path": a.path} for a in allocs},
+        "allocators": {a.name: {"version": a.version, "path": a.path, "conf": a.conf} for a in allocs},
         "python": out([python_for_workloads(), "--version"]), "sqlite": out(["sqlite3", "--version"]).split(" ")[0],
         "redis": out(["redis-server", "--version"]).split(" ")[2] if shutil.which("redis-server") else "absent",
         "compiler": out(["cc", "--version"]).splitlines()[0] if shutil.which("cc") else "unknown",
@@ -324,10 +327,18 @@ def callgrind_counts(allocs, bins: Path, sizes=(16, 64, 256, 1024, 8192), n1=200
 
 def resolve_allocators(spec: str, found: list) -> list:
     """--allocators: names from `mallard list` or paths to .so files (a path is named after its file: libfoo.so is
-    foo); a name that repeats gets -2, -3, ... so every allocator of a run has its own row. Raises UnknownAllocator."""
+    foo); a name that repeats gets -2, -3, ... so every allocator of a run has its own row. NAME@OPTIONS runs a
+    Mallard library with those options (MALLARD_CONF; '+' between options, since ',' separates allocators), in a
+    row of its own named NAME@OPTIONS. Raises UnknownAllocator, or ConfNotApplicable for options an allocator
+    does not read."""
     allocs: list = []
     for x in [x.strip() for x in spec.split(",") if x.strip()]:
+        x, _, opts = x.partition("@")
         al = alloc_mod.resolve(x, found)
+        if opts:
+            conf = opts.replace("+", ",")
+            al = alloc_mod.Allocator(f"{al.name}@{opts}", al.path, al.version, conf)
+            alloc_mod.conf_variable(al, conf)   # raises ConfNotApplicable for an allocator that ignores them
         taken = {y.name for y in allocs}
         name, k = al.name, 1
         while name in taken:
@@ -335,7 +346,7 @@ def resolve_allocators(spec: str, found: list) -> list:
             name = f"{al.name}-{k}"
         if name != al.name:
             print(f"bench: a second allocator named {al.name} ({x}) is called {name}", file=sys.stderr)
-            al = alloc_mod.Allocator(name, al.path, al.version)
+            al = alloc_mod.Allocator(name, al.path, al.version, al.conf)
         allocs.append(al)
     return allocs
 
@@ -492,7 +503,8 @@ def main(argv=None) -> int:
                                                 "scaling: the cross-thread workloads at each of --threads; "
                                                 "mbench: mimalloc-bench's programs from --mbench-dir")
     ap.add_argument("--allocators", help="comma-separated names or .so paths (default: every one discover() finds); "
-                                         "a path is named after its file (libfoo.so: foo)")
+                                         "a path is named after its file (libfoo.so: foo); NAME@OPT:V+OPT:V runs a "
+                                         "Mallard library with those options (MALLARD_CONF) as a row of its own")
     ap.add_argument("--peers", help="allocators whose best median is the 1.00 of the ratios (default: "
                                     + ",".join(PEERS) + "; any names of this run)")
     ap.add_argument("--repeats", type=int, help="repeats per allocator and cell (default: quick 3, full 5, scaling 3, "
@@ -545,7 +557,7 @@ def main(argv=None) -> int:
     if a.allocators:
         try:
             allocs = resolve_allocators(a.allocators, found)
-        except alloc_mod.UnknownAllocator as e:
+        except (alloc_mod.UnknownAllocator, alloc_mod.ConfNotApplicable) as e:
             print(f"bench: {e}", file=sys.stderr)
             return 2
     else:

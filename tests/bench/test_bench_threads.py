@@ -275,3 +275,56 @@ def test_scaling_keeps_to_the_thread_counts_asked_for(tmp_path, bins):
     r = subprocess.run([*run, "--workloads", "prodcons", "--out", str(tmp_path / "b")], capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 2 and "nothing to run" in r.stderr, r.stderr
+
+
+def _mallard_lib():
+    lib = next((a for a in ALLOCATORS if a.name == "mallard" and a.path), None)
+    if lib is None:
+        pytest.skip("libmallard.so is not built")
+    return lib
+
+
+def test_allocator_options_make_a_row_of_their_own(runner, tmp_path):
+    """--allocators NAME@OPTIONS: a Mallard library (by name, or by a path whose file exports mallard_ctl) runs with
+    MALLARD_CONF set to the options ('+' between them), in a row named NAME@OPTIONS beside the plain one; the
+    reproduce line carries the options; an allocator that does not read MALLARD_CONF is refused."""
+    lib = _mallard_lib()
+    found = runner.alloc_mod.discover()
+    copy = tmp_path / "libFAST.so"
+    shutil.copy(lib.path, copy)
+    allocs = runner.resolve_allocators(f"mallard,mallard@shuffle:0+zero_on_free:true,{copy}@junk:free", found)
+    assert [a.name for a in allocs] == ["mallard", "mallard@shuffle:0+zero_on_free:true", "FAST@junk:free"]
+    assert [a.conf for a in allocs] == [None, "shuffle:0,zero_on_free:true", "junk:free"]
+    env = runner.alloc_mod.preload_env(allocs[1], {})
+    assert env["MALLARD_CONF"] == "shuffle:0,zero_on_free:true" and env["LD_PRELOAD"] == lib.path
+    assert "MALLARD_CONF" not in runner.alloc_mod.preload_env(allocs[0], {})
+    cell = runner.Cell("churn", 1, "c", ["-n", "1", "-s", "100"])
+    assert "MALLARD_CONF=junk:free " in runner.repro(cell, allocs[2], Path("/b"))
+    mb = sys.modules["mimalloc_bench"]
+    line = mb.repro(mb.MbCell("glibc-simple", None, [], False, False), allocs[1], Path("/b"))
+    assert "MALLARD_CONF=shuffle:0,zero_on_free:true " in line, line
+    assert "MALLARD_CONF" not in mb.repro(mb.MbCell("glibc-simple", None, [], False, False), allocs[0], Path("/b"))
+    with pytest.raises(runner.alloc_mod.ConfNotApplicable):
+        runner.resolve_allocators("glibc@shuffle:0", found)
+
+
+def test_allocator_options_reach_the_program(runner, bins, tmp_path):
+    """The options of a NAME@OPTIONS row reach the process: an unknown option with abort_conf:true makes every run of
+    that row fail (Mallard refuses to start), while the plain row of the same library runs."""
+    _mallard_lib()
+    if not (bins / "mallard-bench-churn").exists():
+        pytest.skip("the benchmark programs are not built")
+    found = runner.alloc_mod.discover()
+    plain, bad = runner.resolve_allocators("mallard,mallard@abort_conf:true+no_such_option:1", found)
+    cell = runner.Cell("churn", 1, "c", ["-n", "1", "-s", "100"])
+    assert runner.run_once(cell, plain, bins, 60)["ok"]
+    rec = runner.run_once(cell, bad, bins, 60)
+    assert not rec["ok"] and "invalid configuration" in (rec["error"] or ""), rec
+
+
+def test_allocator_options_refused_on_the_command_line(tmp_path):
+    """bench/run.py --allocators glibc@...: a clear message and exit status 2, nothing run."""
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "quick", "--allocators", "glibc@shuffle:0",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "glibc" in r.stderr and "MALLARD_CONF" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

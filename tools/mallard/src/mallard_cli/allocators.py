@@ -67,6 +67,7 @@ class Allocator:
     name: str  # 'glibc', 'jemalloc', 'mimalloc', 'tcmalloc', 'mallard', 'mallard-secure', or a custom file name
     path: str | None  # the .so to LD_PRELOAD; None for glibc (nothing preloaded)
     version: str  # e.g. '5.3.0' or 'unknown'
+    conf: str | None = None  # options this allocator always runs with (bench/run.py's NAME@OPTIONS), in its variable
 
 
 def repo_root() -> Path:
@@ -356,6 +357,20 @@ def not_an_allocator(path: str) -> str | None:
     return None
 
 
+def defines_symbol(path: str, name: str) -> bool:
+    """Whether the shared library at path defines the dynamic symbol name (False when it cannot be read)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(path, "rb") as f:
+            dynsym = ELFFile(f).get_section_by_name(".dynsym")
+            return dynsym is not None and any(s["st_shndx"] != "SHN_UNDEF"
+                                              for s in dynsym.get_symbol_by_name(name) or [])
+    except (OSError, ELFError, ValueError, KeyError, IndexError):
+        return False
+
+
 def is_mallard(alloc: Allocator) -> bool:
     return alloc.name.startswith("mallard")
 
@@ -373,7 +388,7 @@ def conf_variable(alloc: Allocator, conf: str | None) -> tuple[str, str] | None:
     jemalloc when every key means the same there; raises ConfNotApplicable otherwise."""
     if conf is None:
         return None
-    if is_mallard(alloc):
+    if is_mallard(alloc) or (alloc.path and defines_symbol(alloc.path, "mallard_ctl")):
         return "MALLARD_CONF", conf
     if alloc.name == "jemalloc":
         keys = [item.split(":", 1)[0] for item in conf.split(",") if item]
@@ -393,9 +408,11 @@ def conf_variable(alloc: Allocator, conf: str | None) -> tuple[str, str] | None:
 
 
 def preload_env(alloc: Allocator, base_env: dict | None = None, conf: str | None = None) -> dict:
-    """A copy of base_env (default os.environ) that loads alloc: its path prepended to LD_PRELOAD, and --conf in the
-    variable alloc reads (see conf_variable; raises ConfNotApplicable)."""
+    """A copy of base_env (default os.environ) that loads alloc: its path prepended to LD_PRELOAD, and --conf (else
+    the allocator's own conf) in the variable alloc reads (see conf_variable; raises ConfNotApplicable)."""
     env = dict(os.environ if base_env is None else base_env)
+    if conf is None:
+        conf = getattr(alloc, "conf", None)
     if alloc.path:
         old = env.get("LD_PRELOAD", "").strip()
         env["LD_PRELOAD"] = alloc.path + (":" + old if old else "")
