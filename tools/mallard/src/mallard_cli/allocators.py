@@ -346,15 +346,19 @@ def not_an_allocator(path: str) -> str | None:
             want = _ELF_MACHINES.get(platform.machine())
             if want and elf["e_machine"] != want:
                 return f"built for another machine ({elf['e_machine']}, this one needs {want})"
-            dynsym = elf.get_section_by_name(".dynsym")
-            if dynsym is None or not any(s.name == "malloc" and s["st_shndx"] != "SHN_UNDEF"
-                                         for s in dynsym.get_symbol_by_name("malloc") or []):
+            if not _elf_defines(elf, "malloc"):
                 return "a shared library that does not define malloc, so it is not an allocator"
     except OSError as e:
         return f"cannot read it ({e.strerror})"
     except (ELFError, ValueError, KeyError, IndexError):
         return "not a shared library (no valid ELF header)"
     return None
+
+
+def _elf_defines(elf, name: str) -> bool:
+    """Whether an open ELF file (pyelftools) defines the dynamic symbol name."""
+    dynsym = elf.get_section_by_name(".dynsym")
+    return dynsym is not None and any(s["st_shndx"] != "SHN_UNDEF" for s in dynsym.get_symbol_by_name(name) or [])
 
 
 def defines_symbol(path: str, name: str) -> bool:
@@ -364,9 +368,7 @@ def defines_symbol(path: str, name: str) -> bool:
 
     try:
         with open(path, "rb") as f:
-            dynsym = ELFFile(f).get_section_by_name(".dynsym")
-            return dynsym is not None and any(s["st_shndx"] != "SHN_UNDEF"
-                                              for s in dynsym.get_symbol_by_name(name) or [])
+            return _elf_defines(ELFFile(f), name)
     except (OSError, ELFError, ValueError, KeyError, IndexError):
         return False
 
