@@ -48,6 +48,10 @@ static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, 
 static void park(heap_t *h, unsigned c, page_t *pg) {
   set_in_full(pg, 1);
   list_push_tail(&h->full[c], pg);
+  /* Remote frees published before in_full was set asked for no sweep, nor do later ones into the same words (the
+   * secure variant: outbox.c): one is due if any waits now. */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (mld_page_remote_waiting(pg)) mld_sweep_want();
 }
 
 /* Make pg the class's current page. keep_on_empty caches "current and not to be asked on empty" for the
@@ -466,9 +470,6 @@ void mld_free_parked(void *p) {
 void mld_free_remote(page_t *pg, void *p) {
   heap_t *h = mld_tls_heap;
   block_t *b = p;
-#ifdef MALLARD_SECURE
-  secure_remote_release(pg, b);   /* remote bit set now: a second free, by any thread, is caught even while it waits */
-#endif
   /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
    * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */
   if (unlikely(h == &mld_heap_empty) && !mld_tls_exiting) {
@@ -478,11 +479,15 @@ void mld_free_remote(page_t *pg, void *p) {
   /* Counted first: once the block is published, the page may be collected, released and reused by others. */
   MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
   MLD_STAT_ADD(h, remote_frees, 1);
+#ifdef MALLARD_SECURE
+  mld_remote_free_secure(pg, b);   /* checked and sent at once: its remote bit (outbox.c) */
+#else
   if (likely(h != &mld_heap_empty)) {
     mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */
     return;
   }
   mld_remote_push(pg, b, b, 1);   /* a thread past its destructor: at once */
+#endif
 }
 
 /* ---- sweeps: memory that waits on no thread's next allocation ----
@@ -524,7 +529,7 @@ static size_t sweep_parked(heap_t *h) {
 static bool parked_pending(heap_t *h) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
     for (page_t *pg = h->full[c].head; pg; pg = pg->next)
-      if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed)) return true;
+      if (mld_page_remote_waiting(pg)) return true;
   return false;
 }
 

@@ -63,7 +63,8 @@ struct arena_s;
  * never reads a line that the owner is writing block by block. */
 typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   _Atomic(struct heap_s *) heap;         /* owning heap of a small page; NULL when abandoned or not small */
-  _Atomic(block_t *) thread_free;        /* batches freed by other threads (lock-free push, outbox.c) */
+  _Atomic(block_t *) thread_free;        /* batches freed by other threads (lock-free push, outbox.c); unused
+                                          * by the secure variant (remote bits and summaries: secure.h) */
   uint32_t block_size;
   uint32_t slot_count;                   /* span length in slots (first and last slot of a span) */
   uint32_t offset;                       /* distance in descriptors to the span's first slot (0 for the first) */
@@ -204,9 +205,6 @@ typedef struct outbox_s {
   page_t *page;                          /* destination page; NULL: slot empty */
   block_t *head, *tail;                  /* the chain, linked through block->next */
   uint32_t count, bytes;
-#ifdef MALLARD_SECURE
-  block_t *recent[4];                    /* the chain's last four blocks, by count % 4 (secure.h: skip hints) */
-#endif
 } outbox_t;
 
 typedef struct heap_s {
@@ -386,7 +384,8 @@ MLD_HIDDEN void mld_purge_fork_child(void);
 /* outbox.c */
 MLD_HIDDEN void mld_outbox_add(heap_t *h, page_t *pg, block_t *b);
 MLD_HIDDEN void mld_outbox_flush(heap_t *h);
-MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n);
+MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n);   /* fast variant */
+MLD_HIDDEN void mld_remote_free_secure(page_t *pg, block_t *b);                        /* secure variant */
 MLD_HIDDEN void mld_sweep_want(void);                              /* a send went to a page only a sweep visits */
 MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
 extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */
@@ -397,6 +396,7 @@ MLD_HIDDEN void mld_page_init(page_t *pg, unsigned cls, heap_t *h);
 MLD_HIDDEN bool mld_page_collect(page_t *pg);
 MLD_HIDDEN bool mld_page_extend(page_t *pg);
 MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
+MLD_HIDDEN bool mld_page_remote_waiting(const page_t *pg);          /* remote frees wait to be collected */
 MLD_HIDDEN bool mld_page_refill(page_t *pg);
 
 /* background.c */

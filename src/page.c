@@ -1,4 +1,4 @@
-/* page.c — a small page (slab) of one size class and its two free lists: the owner's `free` and the atomic `thread_free`. */
+/* page.c — a small page (slab) of one size class, its owner's free list `free`, and the remote frees it collects (the atomic `thread_free`; the secure variant: remote bits). */
 #include "internal.h"
 #include "junk.h"
 #include "secure.h"
@@ -10,6 +10,9 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? MLD_OS_PAGE : 0);
   pg->free = NULL;
   atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
+#ifdef MALLARD_SECURE
+  atomic_store_explicit(remote_summary(pg), 0, memory_order_relaxed);   /* its remote words are clear (page_leave) */
+#endif
   pg->used = 0;
   pg->capacity = 0;
   pg->block_size = mld_class_size[cls];
@@ -25,6 +28,19 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
 #endif
   atomic_store_explicit(&pg->heap, h, memory_order_release);
 }
+
+#ifdef MALLARD_SECURE
+/* Link n blocks, in random order within runs of `shuffle` (option; 0 or 1: as given), in front of the page's free
+ * list. */
+static void push_shuffled(page_t *pg, block_t **order, size_t n) {
+  size_t run = mld_opt.shuffle;   /* <= MLD_SHUFFLE_MAX (options.c) */
+  if (run > 1)
+    for (size_t i = 0; i < n; i += run) mld_shuffle(order + i, n - i < run ? n - i : run);
+  for (size_t i = 0; i + 1 < n; i++) blk_set_next(pg, order[i], order[i + 1]);
+  blk_set_next(pg, order[n - 1], pg->free);
+  pg->free = order[0];
+}
+#endif
 
 /* Carve the next blocks of the page (at most `most`) onto the front of its free list, in address order (the secure
  * variant: shuffled). */
@@ -43,14 +59,9 @@ static bool page_extend(page_t *pg, size_t most) {
     order[i] = (block_t *)(first + i * bs);
     if (canary) *canary_at(pg, order[i]) = canary_value(pg, order[i]);   /* armed once: kept while free */
   }
-  /* Random allocation order inside each run of `shuffle` blocks of the chunk (option; the default runs are whole
-   * chunks): shorter runs keep more of a program's locality and leave fewer orders to guess among. */
-  size_t run = mld_opt.shuffle;   /* <= MLD_SHUFFLE_MAX (options.c) */
-  if (run > 1)
-    for (size_t i = 0; i < n; i += run) mld_shuffle(order + i, n - i < run ? n - i : run);
-  for (size_t i = 0; i + 1 < n; i++) blk_set_next(pg, order[i], order[i + 1]);
-  blk_set_next(pg, order[n - 1], pg->free);
-  pg->free = order[0];
+  /* Random allocation order inside each run of `shuffle` blocks of the chunk (the default runs are whole chunks):
+   * shorter runs keep more of a program's locality and leave fewer orders to guess among. */
+  push_shuffled(pg, order, n);
 #else
   uint8_t *p = first;
   for (size_t i = 1; i < n; i++, p += bs) ((block_t *)p)->next = (block_t *)(p + bs);
@@ -65,89 +76,64 @@ static bool page_extend(page_t *pg, size_t most) {
 bool mld_page_extend(page_t *pg) { return page_extend(pg, SIZE_MAX); }
 
 #ifdef MALLARD_SECURE
-/* The remote bits a collection clears, gathered by bitmap word: a direct-mapped table of 64 words (a one-slot page
- * has exactly 64; a larger page's words share entries, and an entry taken by another word is released first). */
-typedef struct remote_masks_s {
-  uint64_t touched;                      /* entries in use */
-  uint64_t *word[64];
-  uint64_t mask[64];
-} remote_masks_t;
-
-/* Clear an entry's bits in its remote word; all must be set (only the holder clears remote bits), or the list
- * named a block whose remote free never happened. */
-static void remote_masks_flush(remote_masks_t *rm, unsigned i, const void *near) {
-  if (unlikely(!bm_remote_release(rm->word[i], rm->mask[i]))) mld_secure_fail("remote free list corrupted near", near);
-}
-
-static inline void remote_masks_add(remote_masks_t *rm, const void *b) {
-  uint64_t *w = bm_remote_word(bm_word(b)), bit = (uint64_t)1 << (bm_bit_index(b) & 63);
-  unsigned i = (unsigned)(bm_granule(b) >> 6) & 63;
-  uint64_t e = (uint64_t)1 << i;
-  if (rm->touched & e) {
-    if (rm->word[i] == w) {
-      rm->mask[i] |= bit;
-      return;
+/* Take every remote free of the page (the holder: its owner, or a sweep or a reaper under the locks that keep the
+ * owner out); returns how many blocks came back. From the page's summary, word by word of the remote bitmap
+ * (secure.h): each word is taken whole, and each of its bits must be a live block start of the page (its live bit
+ * set: bits are cleared a word at a time) with its canary intact. No block is read to find the next one: the
+ * addresses come from the bitmap, so the canary loads do not wait on one another, and in address order. The
+ * blocks go on the free list shuffled as carved blocks are. */
+size_t mld_page_collect_remote(page_t *pg) {
+  _Atomic(uint64_t) *summary = remote_summary(pg);
+  if (atomic_load_explicit(summary, memory_order_relaxed) == 0) return 0;
+  uint64_t sum = atomic_exchange_explicit(summary, 0, memory_order_acquire);
+  MLD_RACE_WINDOW();   /* the summary taken, its words not yet: frees into them find them non-empty, publish nothing */
+  const unsigned shift = remote_summary_shift(pg->slot_count);
+  const size_t words = (size_t)pg->slot_count << (MLD_SLOT_SHIFT - 10), bs = pg->block_size;   /* a word: 1 KiB */
+  const uint64_t key = pg->list_key;
+  uint8_t *start = page_start(pg);
+  uint64_t *live = bm_word(start);   /* the page's first live word: pages start on slots, words do not straddle */
+  block_t *order[MLD_SHUFFLE_MAX];
+  size_t k = 0, n = 0;
+  for (; sum; sum &= sum - 1) {
+    size_t w = (size_t)__builtin_ctzll(sum) << shift, end = w + ((size_t)1 << shift);
+    for (end = end < words ? end : words; w < end; w++) {
+      uint64_t *rw = bm_remote_word(live + w);
+      if (!bm_load(rw)) continue;
+      uint64_t m = bm_remote_take(rw), v = bm_load(live + w);
+      uint8_t *base = start + (w << 10);
+      /* every bit freed by another thread must be a block handed out and not yet back */
+      if (unlikely((v & m) != m)) mld_secure_fail("double free or invalid free of", base + 16 * __builtin_ctzll(m & ~v));
+      __atomic_store_n(live + w, v & ~m, __ATOMIC_RELAXED);
+      n += (size_t)__builtin_popcountll(m);
+      for (; m; m &= m - 1) {
+        block_t *b = (block_t *)(base + 16 * __builtin_ctzll(m));
+        if (unlikely(canary_damaged_of(key, bs, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
+        order[k++] = b;
+        if (k == MLD_SHUFFLE_MAX) {
+          push_shuffled(pg, order, k);
+          k = 0;
+        }
+      }
     }
-    remote_masks_flush(rm, i, b);   /* another word of a multi-slot page: released now */
   }
-  rm->touched |= e;
-  rm->word[i] = w;
-  rm->mask[i] = bit;
+  if (k) push_shuffled(pg, order, k);
+  if (unlikely(n > pg->used)) mld_secure_fail("remote frees outnumber the blocks handed out of the page at", start);
+  pg->used -= (uint32_t)n;
+  return n;
 }
 
-static void remote_masks_release(remote_masks_t *rm, const void *near) {
-  for (uint64_t t = rm->touched; t; t &= t - 1) remote_masks_flush(rm, (unsigned)__builtin_ctzll(t), near);
+bool mld_page_remote_waiting(const page_t *pg) {
+  return atomic_load_explicit(remote_summary(pg), memory_order_relaxed) != 0;
 }
-#endif
-
-/* Take every remote free of the page; returns how many blocks came back. */
+#else
+/* Take every remote free of the page; returns how many blocks came back. Batch by batch (outbox.c): each batch's
+ * first block gives its last block and its length. */
 size_t mld_page_collect_remote(page_t *pg) {
   if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed) == NULL) return 0;
   block_t *list = atomic_exchange_explicit(&pg->thread_free, NULL, memory_order_acquire);
   if (!list) return 0;
-  size_t n = 1;
+  size_t n = 0;
   block_t *tail = list;
-#ifdef MALLARD_SECURE
-  /* Block by block, trusting no count a block holds: each must be a carved block start of the page (blk_next),
-   * live and freed by another thread (1,1: secure.h), its canary intact, and there are at most `used` of them (a
-   * longer list has a cycle). Live bits are cleared one by one (plain stores, the owner's lines). Remote bits are
-   * gathered into per-word masks and cleared once per word after the walk (one locked `and` per word, not per
-   * block: the list comes in random order, and these lines are the ones other threads' frees write). */
-  remote_masks_t rm;
-  rm.touched = 0;
-  size_t bs = pg->block_size;
-  bool skips = bs > 16;   /* skip hints (secure.h) */
-  bool canary = bs > MLD_CACHE_LINE && bs <= MLD_CANARY_MAX;   /* a canary on another line than the block's start */
-  uint64_t skey = skip_key(pg);
-  /* The page's fields the walk reads, in locals: the walk's stores (bitmap words, hints) may alias them, so the
-   * compiler would load them again for every block (3% of the walk's instructions under callgrind). */
-  const uint64_t key = pg->list_key, magic = pg->align_magic, used = pg->used, carved = (uint64_t)pg->capacity * bs;
-  const uintptr_t start = pg->start;
-  for (;;) {
-    /* A hint is only prefetched (an address it decodes to wrongly costs a useless prefetch, never a fault), and
-     * cleared once the block has passed its checks: a block handed out again holds no stored address. */
-    uintptr_t *sw = skip_word(tail), s = skips ? *sw : 0;
-    if (s) {
-      const uint8_t *ahead = (const uint8_t *)link_decode(skey, s);
-      __builtin_prefetch(ahead);
-      if (canary) __builtin_prefetch(ahead + bs - MLD_CANARY);   /* its canary, checked four steps on */
-    }
-    if (unlikely(n > used)) mld_secure_fail("remote free list corrupted (a cycle) at", tail);
-    if (unlikely(!bm_release(tail))) mld_secure_fail("double free or invalid free of", tail);
-    /* the remote free left the canary unchecked (secure.h: secure_remote_release) */
-    if (unlikely(canary_damaged_of(key, bs, tail)))
-      mld_secure_fail("heap buffer overflow: canary damaged after block", tail);
-    if (s) *sw = 0;
-    remote_masks_add(&rm, tail);
-    block_t *next = link_follow(key, start, carved, magic, tail);
-    if (!next) break;
-    tail = next;
-    n++;
-  }
-  remote_masks_release(&rm, tail);
-#else
-  /* Batch by batch (outbox.c): each batch's first block gives its last block and its length. */
-  n = 0;
   for (block_t *b = list;;) {
     uintptr_t meta = ((uintptr_t *)b)[1];
     tail = (block_t *)(meta & (((uintptr_t)1 << MLD_BATCH_COUNT_SHIFT) - 1));
@@ -155,12 +141,16 @@ size_t mld_page_collect_remote(page_t *pg) {
     if (!tail->next) break;
     b = tail->next;
   }
-#endif
-  blk_set_next(pg, tail, pg->free);
+  tail->next = pg->free;
   pg->free = list;
   pg->used -= (uint32_t)n;
   return n;
 }
+
+bool mld_page_remote_waiting(const page_t *pg) {
+  return atomic_load_explicit(&pg->thread_free, memory_order_relaxed) != NULL;
+}
+#endif
 
 /* Move remote frees into the allocation list; true if it is non-empty afterwards. */
 bool mld_page_collect(page_t *pg) {

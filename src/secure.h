@@ -3,11 +3,13 @@
 #define MALLARD_SECURE_H
 #include "internal.h"
 
-#define MLD_BITMAP_OFFSET (16 * 1024)                        /* in slot 0, after the segment header */
+#define MLD_SUMMARY_OFFSET (12 * 1024)                       /* in slot 0, after the segment header: a line per slot */
+#define MLD_BITMAP_OFFSET (16 * 1024)                        /* in slot 0, after the remote summaries */
 #define MLD_BITMAP_BYTES (MLD_SEGMENT_SIZE / 16 / 8)          /* one bit per 16-byte granule: 32 KiB */
 #define MLD_REMOTE_OFFSET (MLD_BITMAP_OFFSET + MLD_BITMAP_BYTES) /* the remote-free bitmap, on lines of its own */
 #define MLD_GUARD_OFFSET (MLD_REMOTE_OFFSET + MLD_BITMAP_BYTES) /* rest of slot 1: PROT_NONE in the secure variant */
-_Static_assert(sizeof(segment_t) <= MLD_BITMAP_OFFSET, "segment header ends before the allocation bitmap");
+_Static_assert(sizeof(segment_t) <= MLD_SUMMARY_OFFSET, "segment header ends before the remote summaries");
+_Static_assert(MLD_SUMMARY_OFFSET + MLD_SLOTS * MLD_CACHE_LINE <= MLD_BITMAP_OFFSET, "summaries end before the bitmap");
 
 #ifdef MALLARD_SECURE
 #define MLD_SECURE_BUILD true
@@ -32,8 +34,8 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 #define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
 #endif
 #ifndef MLD_SHUFFLE
-#define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh blocks in random order within runs of this many (page.c); the
-                                              * maximum: each carved chunk whole; 0 or 1: address order */
+#define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh and collected blocks in random order within runs of this many
+                                              * (page.c); the maximum: each carved chunk whole; 0 or 1: address order */
 #endif
 #ifndef MLD_COIN_CARVE
 #define MLD_COIN_CARVE 8                     /* blocks a refill carves ahead of the recycled ones when its coin says
@@ -92,20 +94,8 @@ static inline uintptr_t link_decode(uint64_t k, uintptr_t e) {
   uint64_t x = (e ^ k) * MLD_MIX_INV;
   return (uintptr_t)(x ^ (x >> 32) ^ k);   /* x ^ x >> 32 is its own inverse */
 }
-/* The next block after b on a list whose page has this key, start, carved bytes and alignment magic: a carved block
- * start of the page (bounds and block alignment), or NULL. Whether it is really free is checked when it is handed
- * out (the allocation bitmap). A walk over many blocks keeps the page's fields in registers and calls this. */
-static inline block_t *link_follow(uint64_t key, uintptr_t start, uint64_t carved, uint64_t magic, const block_t *b) {
-  uintptr_t e = (uintptr_t)b->next;
-  if (!e) return NULL;
-  uintptr_t v = link_decode(key, e);
-  uint64_t off = v - start;
-  if (unlikely(off >= carved || off * magic >= magic))
-    mld_secure_fail("free list corrupted (use after free?): bad link in the block at", b);
-  return (block_t *)v;
-}
-/* The same for one step of pg's list. Its own body, not link_follow's: passing the carved bytes in makes the fast
- * path multiply before it tests for the list's end (6 instructions more per malloc/free pair under callgrind). */
+/* The next block after b on pg's list: a carved block start of the page (bounds and block alignment), or NULL.
+ * Whether it is really free is checked when it is handed out (the allocation bitmap). */
 static inline block_t *blk_next(const page_t *pg, const block_t *b) {
   uintptr_t e = (uintptr_t)b->next;
   if (!e) return NULL;
@@ -119,25 +109,14 @@ static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) {
   b->next = (block_t *)link_encode(pg->list_key, n);
 }
 
-/* ---- skip hints on a remote-free chain ----
- * The owner walks a chain of remote frees block by block, each one's line last written by the freeing thread: a
- * serial walk waits for one cache miss at a time. A block of a chain (of a class above 16 bytes: the second word
- * is usable) holds in its second word the encrypted address of the block four places further on, which the owner
- * prefetches and then clears (it is a hint: never followed, never trusted; the key is tweaked, so a hint copied
- * into a link word decodes to garbage). */
-#define MLD_SKIP_DISTANCE 4                                   /* outbox_t.recent holds this many blocks */
-_Static_assert(sizeof(((outbox_t *)0)->recent) == MLD_SKIP_DISTANCE * sizeof(block_t *), "recent[] spans the distance");
-#define MLD_SKIP_TWEAK 0x5bd1e9955bd1e995ull
-static inline uintptr_t *skip_word(block_t *b) { return (uintptr_t *)b + 1; }
-static inline uint64_t skip_key(const page_t *pg) { return pg->list_key ^ MLD_SKIP_TWEAK; }
-
 /* ---- two bitmaps, a bit per 16-byte granule of the segment, for the small block that starts there ----
  * live: set while the block is handed out. Written only by whoever holds the block's page (its owner, or a sweep
  * or an adopter under the locks that keep the owner out): plain loads and stores, no locked instruction. A word
  * covers 1 KiB and pages start on 64 KiB slots: a word belongs to one page.
- * remote: set by another thread's free (a locked bit-test-and-set: of two remote frees exactly one finds it
- * clear), cleared when the page's holder collects the block. On lines of its own: remote frees never write the
- * owner's lines, and the owner reads them only to check.
+ * remote: set by another thread's free (a locked read-modify-write: of two remote frees exactly one finds it
+ * clear); the bit is the remote free (no list, no batch), published per word in the page's summary (below) and
+ * taken with its word when the page's holder collects. On lines of its own: remote frees never write the owner's
+ * lines, and the owner reads them only to check and to collect.
  * A block is (live, remote) = (1,0) handed out, (1,1) freed by another thread and waiting, (0,0) free. A hand-out
  * requires (0,0), an owner's free (1,0), a remote free remote clear, a collection (1,1): two frees in any order
  * are caught; an owner's and a remote free racing past each other's checks leave (0,1), which neither a hand-out
@@ -192,34 +171,28 @@ static inline bool bm_release(const void *p) {
   __atomic_store_n(w, v, __ATOMIC_RELAXED);
   return true;
 }
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-/* A remote free sets p's remote bit; false if it was set already (a free of p is waiting). On x86-64 `lock bts`
- * addresses the remote bitmap as one bit string (the granule index is the bit offset); the whole bitmap is the
- * memory operand, so the compiler orders the asm with the surrounding accesses as it would an atomic
- * read-modify-write (the set precedes the block's publication). ThreadSanitizer builds use the portable version
- * (it does not see inside asm). */
-static inline bool bm_remote_claim(const void *p) {
-  uintptr_t seg = (uintptr_t)p & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1);
-  bool was;
-  __asm__ volatile("lock btsq %2, %1"
-                   : "=@ccc"(was), "+m"(*(uint64_t(*)[MLD_BITMAP_BYTES / 8])(seg + MLD_REMOTE_OFFSET))
-                   : "r"(bm_granule(p)));
-  return !was;
+/* A remote free sets p's remote bit and returns the word as it was: p's bit set in it means a free of p is waiting
+ * (a double free); the word zero means no free of its granules was waiting, and this free publishes the word in
+ * its page's summary (below). Release: the block, as the freeing thread left it, is visible to the holder that
+ * takes the bit. (The whole old word is needed: a compare-and-swap loop, where `lock bts` would give one bit.) */
+static inline uint64_t bm_remote_set(const void *p) {
+  return __atomic_fetch_or(bm_remote_word(bm_word(p)), (uint64_t)1 << (bm_bit_index(p) & 63), __ATOMIC_RELEASE);
 }
-#else
-static inline bool bm_remote_claim(const void *p) {
-  uint64_t bit = (uint64_t)1 << (bm_bit_index(p) & 63);
-  return !(__atomic_fetch_or(bm_remote_word(bm_word(p)), bit, __ATOMIC_RELAXED) & bit);
+/* The holder takes every bit of a remote word (acquire: pairs with bm_remote_set). */
+static inline uint64_t bm_remote_take(uint64_t *remote_word) { return __atomic_exchange_n(remote_word, 0, __ATOMIC_ACQUIRE); }
+
+/* ---- remote summaries ----
+ * A small page's summary word, on a cache line of its own in slot 0 (not on the page descriptor, whose first line
+ * the owner's fast paths read): bit i set means its remote words [i << s, (i + 1) << s) may hold bits, s =
+ * remote_summary_shift (64 words a slot; a page of up to 16 slots shares a bit among up to 16 words). Set by the
+ * remote free that found a word empty, after setting its own bit; taken whole by the holder, which then takes each
+ * word of a taken bit whole. A set remote bit is always reached through a summary bit set after it: its own, or
+ * that of the free which found the word empty, whose bit stays in the word until the holder takes the word whole. */
+static inline _Atomic(uint64_t) *remote_summary(const page_t *pg) {
+  return (_Atomic(uint64_t) *)((uintptr_t)segment_of(pg) + MLD_SUMMARY_OFFSET + slot_index(pg) * MLD_CACHE_LINE);
 }
-#endif
-/* The page's holder clears the remote bits `mask` of one remote word; false (nothing written) if one of them was
- * clear. Only the holder clears remote bits (other threads only set them), so bits seen set stay set until the
- * `and`: a plain check, then one locked `and` for all the collected blocks of a word (no compare-and-swap loop that
- * concurrent remote frees into the same word would make retry). */
-static inline bool bm_remote_release(uint64_t *remote_word, uint64_t mask) {
-  if ((bm_load(remote_word) & mask) != mask) return false;
-  __atomic_fetch_and(remote_word, ~mask, __ATOMIC_RELAXED);
-  return true;
+static inline unsigned remote_summary_shift(uint32_t slot_count) {
+  return slot_count <= 1 ? 0 : 64 - (unsigned)__builtin_clzll((uint64_t)slot_count - 1);   /* 2^s >= slot_count */
 }
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
@@ -239,7 +212,7 @@ static inline uint64_t canary_of(uint64_t key, const void *b) {
   return (uint64_t)m ^ (uint64_t)(m >> 64);
 }
 static inline uint64_t canary_value(const page_t *pg, const void *b) { return canary_of(pg->list_key, b); }
-/* The same from a page's key and block size (a walk keeps them in registers). */
+/* The same from a page's key and block size (a collection keeps them in registers). */
 static inline bool canary_damaged_of(uint64_t key, size_t block_size, const void *b) {
   return block_size <= MLD_CANARY_MAX && *canary_slot(block_size, b) != canary_of(key, b);
 }
@@ -279,14 +252,22 @@ static inline void secure_owner_release(const page_t *pg, const void *b) {
   if (unlikely(((uintptr_t)b & 15) || !bm_release(b) || bm_remote(b))) mld_secure_fail("double free or invalid free of", b);
   if (unlikely(canary_damaged(pg, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
 }
-/* Another thread frees a small block: its remote bit set (a second remote free finds it), then zero_on_free's
- * wipe. The live bit is not read (it is on the owner's lines), nor the canary: the block's last line is often one
- * this thread never touched, and a demand miss on it per free (a line the owner wrote when it carved the block)
- * was a fifth of a cross-thread free storm's time. The holder checks the canary when it collects the block
- * (page.c), before the block can be handed out again: an overflow is reported there, by the owner's thread. */
-static inline void secure_remote_release(const page_t *pg, const void *b) {
-  if (unlikely(((uintptr_t)b & 15) || !bm_remote_claim(b))) mld_secure_fail("double free or invalid free of", b);
-  if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) secure_wipe((void *)b, mld_block_usable(pg->block_size));
+/* Another thread frees a small block: a block start of the page (its live bit, on the owner's lines, and its
+ * canary, on a line this thread may never have touched, are checked by the holder when it takes the block:
+ * page.c), zero_on_free's wipe, then its remote bit set (a second free, by any thread, finds it while it waits).
+ * The wipe comes first: once the bit is set the holder may take the block and hand it out. Returns the remote
+ * word as it was (outbox.c publishes it when it was empty). */
+static inline uint64_t secure_remote_release(const page_t *pg, void *b) {
+  uint64_t off = (uintptr_t)b - pg->start, magic = pg->align_magic;
+  if (unlikely(off * magic >= magic)) mld_secure_fail("double free or invalid free of", b);   /* not a block start */
+  if (MLD_ZERO_ON_FREE_ALWAYS || unlikely(mld_opt.zero_on_free)) {
+    /* the block must be one the page holds (a start past the last block would wipe beyond the page) */
+    if (unlikely(off >= (uint64_t)pg->reserved * pg->block_size)) mld_secure_fail("double free or invalid free of", b);
+    secure_wipe(b, mld_block_usable(pg->block_size));
+  }
+  uint64_t old = bm_remote_set(b);
+  if (unlikely(bm_bit(old, b))) mld_secure_fail("double free or invalid free of", b);
+  return old;
 }
 #else
 #define MLD_SECURE_BUILD false

@@ -1,6 +1,7 @@
-/* collect_checks.c — white-box checks of the secure variant's bookkeeping: a block on a page's remote list must be
- * (live, remote) = (1,1), one that is not (as a forged list entry would be) is reported, not collected; a page
- * released empty must have every bit clear, a stray one is reported. */
+/* collect_checks.c — white-box checks of the secure variant's bookkeeping: a block its page's holder takes back
+ * from the remote bitmap must be (live, remote) = (1,1); a remote bit that is not (a free of a block already free,
+ * a forged bit inside a block) is reported, not collected; a page released empty must have every bit clear, a
+ * stray one is reported. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "secure.h"
@@ -11,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { CONTROL, REMOTE_MARK_CLEAR, NOT_LIVE, STRAY_LIVE_SMALL, STRAY_REMOTE_MEDIUM };
+enum { CONTROL, INTERIOR_BIT, NOT_LIVE, STRAY_LIVE_SMALL, STRAY_REMOTE_MEDIUM };
 
 /* In the child: one block of `size` bytes on a fresh page; the last carved block other than it gets a stray bit
  * (live or remote: a bookkeeping error, no free makes it), then the block is freed and the page released. */
@@ -28,16 +29,24 @@ static void stray_bit(size_t size, bool remote) {
   _exit(0);
 }
 
-/* In the child: put a block of a live page on the page's remote list in one of three states, then collect. */
+/* In the child: a block of a live page freed as another thread frees it (its remote bit, published), in one of
+ * three states, then collected by its owner. */
 static void child(int which) {
   if (which == STRAY_LIVE_SMALL) stray_bit(3000, false);        /* 3 KiB blocks: 5 carved, the last on word 12 */
   if (which == STRAY_REMOTE_MEDIUM) stray_bit(200000, true);    /* a 1 MiB page of 4 blocks over 200 KiB */
   void *keep = mallard_malloc(40);   /* the page stays in use whatever happens to b */
-  block_t *b = mallard_malloc(40);
+  block_t *b = mallard_malloc(48);
   page_t *pg = page_of(segment_of(b), b);
-  if (which == NOT_LIVE) mallard_free(b);                  /* the owner's free: live bit cleared */
-  if (which != REMOTE_MARK_CLEAR) bm_remote_claim(b);      /* what a remote free does first */
-  mld_remote_push(pg, b, b, 1);
+  if (which == NOT_LIVE) mallard_free(b);   /* the owner's free first: live bit cleared */
+  if (which == INTERIOR_BIT) {
+    /* a bit 16 bytes into the block (no free sets one there: remote frees check block starts), published in the
+     * page's summary as a remote free would */
+    uint8_t *in = (uint8_t *)b + 16;
+    __atomic_fetch_or(bm_remote_word(bm_word(in)), (uint64_t)1 << (bm_bit_index(in) & 63), __ATOMIC_RELAXED);
+    atomic_fetch_or(remote_summary(pg), (uint64_t)1 << ((in - page_start(pg)) >> 10));
+  } else {
+    mld_remote_free_secure(pg, b);   /* what another thread's free does */
+  }
   mld_page_collect(pg);
   (void)keep;
   _exit(0);
@@ -75,7 +84,7 @@ int main(void) {
   int st = run(CONTROL, err, sizeof err);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "control: status %#x, stderr: %s\n", st, err); fails++; }
   static const struct { int which; const char *msg; } bad[] = {
-    { REMOTE_MARK_CLEAR, "remote free list corrupted near" },
+    { INTERIOR_BIT, "double free or invalid free of" },
     { NOT_LIVE, "double free or invalid free of" },
     { STRAY_LIVE_SMALL, "live block in a page being released" },
     { STRAY_REMOTE_MEDIUM, "live block in a page being released" },

@@ -420,10 +420,10 @@ int main(int argc, char **argv) {
     print_clean_or("nonzero", nonzero);
     return 0;
   } else if (!strcmp(m, "remote-words")) {
-    /* Blocks freed by another thread come back to their owner by its collection, which reads and clears the skip
-     * hint in their second word (the secure variant's encrypted address of a block further on the chain). Prints
-     * "clean" when the second word of every block handed out afterwards is 0 or what the program wrote there,
-     * else "hint N": N blocks hand out a stored address. */
+    /* Blocks freed by another thread come back to their owner by its collection. Prints "clean" when the second
+     * word of every block handed out afterwards is 0 or what the program wrote there, else "hint N": N blocks hand
+     * out a stored address (the secure variant once kept an encrypted address of a block further on a remote-free
+     * chain there; remote frees now write nothing into the block). */
     enum { N = 256, AGAIN = 1200 };
     static void *blocks[N];
     for (int i = 0; i < N; i++) opaque_memset(blocks[i] = malloc(48), 0x11, 48);

@@ -1,7 +1,8 @@
 #!/bin/bash
-# tsan.sh [OUT] — the secure variant's cross-thread paths under ThreadSanitizer: tests/c/test_stress.c (remote frees
-# clearing allocation bits, encrypted outbox batches, collection) and tests/c/test_owner_probe.c (mallard_owns while
-# huge blocks are moved away as they are freed) against a TSan-instrumented prefixed secure library.
+# tsan.sh [OUT] — the secure variant's cross-thread paths under ThreadSanitizer: tests/c/test_stress.c (remote frees:
+# remote bits, summaries, collection), tests/secure/remote_bits_stress.c (frees into the same bitmap words while the
+# owner collects) and tests/c/test_owner_probe.c (mallard_owns while huge blocks are moved away as they are freed)
+# against a TSan-instrumented prefixed secure library.
 # The ThreadSanitizer build of scripts/test.sh (build-tsan) instruments the fast variant only. Any report fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,6 +20,9 @@ done
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$root/tests/c/tsan.supp"
 "$cc" "${flags[@]}" -DMT_PREFIX -fno-builtin "$root/tests/c/test_stress.c" "${objs[@]}" -o "$out/secure-stress" -lpthread -ldl
 "$out/secure-stress"
+"$cc" "${flags[@]}" -DMALLARD_SECURE -DMALLARD_STATS "$root/tests/secure/remote_bits_stress.c" "${objs[@]}" \
+  -o "$out/secure-remote-bits" -lpthread -ldl
+MALLARD_CONF=guard_sample:0 "$out/secure-remote-bits"   # every block on a small page
 # mallard_owns probing huge blocks that the huge cache moves away (mremap) as they are freed, and large blocks.
 "$cc" "${flags[@]}" -DMT_PREFIX -fno-builtin "$root/tests/c/test_owner_probe.c" "${objs[@]}" -o "$out/secure-owner-probe" -lpthread -ldl
 MALLARD_CONF=large_quarantine:0 "$out/secure-owner-probe"
