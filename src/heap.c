@@ -480,7 +480,7 @@ void mld_free_remote(page_t *pg, void *p) {
   MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
   MLD_STAT_ADD(h, remote_frees, 1);
 #ifdef MALLARD_SECURE
-  mld_remote_free_secure(pg, b);   /* checked and sent at once: its remote bit (outbox.c) */
+  mld_remote_free_secure(h, pg, b);   /* its remote bit, set now; the word published in a batch (outbox.c) */
 #else
   if (likely(h != &mld_heap_empty)) {
     mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */

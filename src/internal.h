@@ -195,15 +195,22 @@ typedef struct heap_stats_s {
 typedef struct page_list_s { page_t *head, *tail; } page_list_t;
 
 /* Remote frees are batched per destination page (outbox.c): one entry holds a chain of blocks of one page that
- * this thread freed, sent with a single CAS when full, when its slot is needed for another page, or when flushed. */
+ * this thread freed (the secure variant: the summary bits of the remote words it found empty), sent with a single
+ * atomic operation when full, when its slot is needed for another page, or when flushed. */
 #define MLD_OUTBOX_SLOTS 32                               /* pages batched for at once (direct-mapped) */
 #define MLD_OUTBOX_BLOCKS 64                              /* a batch is sent when it holds this many blocks */
 #define MLD_OUTBOX_BYTES (8 * 1024)                       /* ... or this many bytes: pending <= 256 KiB a thread */
 #define MLD_OUTBOX_AGE 4096                               /* every this many remote frees, all batches are sent */
 #define MLD_BATCH_COUNT_SHIFT 48                          /* a batch's first block: tail | count << 48 (outbox.c) */
+#define MLD_OUTBOX_WORDS 8                                /* secure: a slot is sent when it holds this many words */
 typedef struct outbox_s {
   page_t *page;                          /* destination page; NULL: slot empty */
-  block_t *head, *tail;                  /* the chain, linked through block->next */
+  union {
+    struct {
+      block_t *head, *tail;              /* the chain, linked through block->next */
+    };
+    uint64_t summary;                    /* secure: the page's summary bits of the words this thread found empty */
+  };
   uint32_t count, bytes;
 } outbox_t;
 
@@ -385,7 +392,7 @@ MLD_HIDDEN void mld_purge_fork_child(void);
 MLD_HIDDEN void mld_outbox_add(heap_t *h, page_t *pg, block_t *b);
 MLD_HIDDEN void mld_outbox_flush(heap_t *h);
 MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n);   /* fast variant */
-MLD_HIDDEN void mld_remote_free_secure(page_t *pg, block_t *b);                        /* secure variant */
+MLD_HIDDEN void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b);             /* secure variant */
 MLD_HIDDEN void mld_sweep_want(void);                              /* a send went to a page only a sweep visits */
 MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
 extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */

@@ -1,4 +1,4 @@
-/* outbox.c — remote frees: blocks freed by a thread that does not own their page, batched per page and sent with one CAS (the secure variant: one bit each, published per bitmap word); the sweep and reap requests they raise. */
+/* outbox.c — remote frees: blocks freed by a thread that does not own their page, batched per page and sent with one CAS (the secure variant: a bit each, the words' summary bits batched); the sweep and reap requests they raise. */
 #include "internal.h"
 #include "secure.h"
 
@@ -43,21 +43,43 @@ void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
   remote_notify(notice);
 }
 #else
-/* The secure variant's remote free: no chain and no batch, and nothing written into the block. Its remote bit is
- * the whole message (secure.h); the free that finds the bit's word empty publishes the word in the page's summary,
- * where the holder finds it (page.c takes the blocks word by word, in address order, checking each). */
-void mld_remote_free_secure(page_t *pg, block_t *b) {
+/* Publish the summary bits `summary` of pg (the words whose first waiting free this thread made). Until then no
+ * block of those words can be collected, so the page stays in use: its summary may be written. After, nothing of
+ * the page is touched. */
+static void publish(page_t *pg, uint64_t summary) {
   remote_notice_t notice = remote_notice(pg);
-  _Atomic(uint64_t) *summary = remote_summary(pg);
-  uint64_t sbit = (uint64_t)1 << ((((uintptr_t)b - pg->start) >> 10) >> remote_summary_shift(pg->slot_count));
-  /* a word that held bits is published already: the block may be taken from here on */
-  if (secure_remote_release(pg, b) != 0) return;   /* published already (by the free that found the word empty) */
-  MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
-  atomic_fetch_or_explicit(summary, sbit, memory_order_release);
+  atomic_fetch_or_explicit(remote_summary(pg), summary, memory_order_release);
   MLD_RACE_WINDOW();   /* published: nothing of the page may be touched from here on */
-  /* Only the publishing free asks for a sweep or a reap: the word's later frees are taken with it. (A page
-   * abandoned or parked after its word was published asks for its own: mld_arena_abandon, heap.c parking.) */
   remote_notify(notice);
+}
+
+/* The secure variant's remote free: no chain, and nothing written into the block. Its remote bit, set at once, is
+ * the free (a second free by any thread finds it, secure.h); the free that finds the bit's word empty owes the word
+ * to the page's summary, where the holder finds it (page.c takes the blocks word by word, checking each). That
+ * debt is batched per page like the fast variant's chains: one locked `or` for up to MLD_OUTBOX_WORDS words. */
+void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b) {
+  uint64_t sbit = (uint64_t)1 << ((((uintptr_t)b - pg->start) >> 10) >> remote_summary_shift(pg->slot_count));
+  bool owed = secure_remote_release(pg, b) == 0;   /* else the word is owed or published already */
+  if (unlikely(h == &mld_heap_empty)) {   /* a thread past its destructor: at once */
+    if (owed) publish(pg, sbit);
+    return;
+  }
+  if (owed) {
+    MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
+    outbox_t *e = &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
+    if (e->page != pg) {
+      if (e->page) publish(e->page, e->summary);
+      e->page = pg;
+      e->summary = 0;
+      e->count = 0;
+    }
+    e->summary |= sbit;
+    if (++e->count >= MLD_OUTBOX_WORDS) {
+      e->page = NULL;
+      publish(pg, e->summary);
+    }
+  }
+  if (unlikely(++h->outbox_ops >= MLD_OUTBOX_AGE)) mld_outbox_flush(h);
 }
 #endif
 
@@ -91,7 +113,16 @@ void mld_outbox_flush(heap_t *h) {
     if (h->outbox[i].page) send(&h->outbox[i]);
 }
 #else
-void mld_outbox_flush(heap_t *h) { h->outbox_ops = 0; }   /* nothing waits: each remote free is sent at once */
+void mld_outbox_flush(heap_t *h) {
+  h->outbox_ops = 0;
+  for (unsigned i = 0; i < MLD_OUTBOX_SLOTS; i++) {
+    outbox_t *e = &h->outbox[i];
+    if (!e->page) continue;
+    page_t *pg = e->page;
+    e->page = NULL;
+    publish(pg, e->summary);
+  }
+}
 #endif
 
 #ifndef MALLARD_SECURE
