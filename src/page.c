@@ -107,7 +107,7 @@ size_t mld_page_collect_remote(page_t *pg) {
   const uint64_t key = pg->list_key;
   uint8_t *start = page_start(pg);
   uint64_t *live = bm_word(start);   /* the page's first live word: pages start on slots, words do not straddle */
-  block_t *order[MLD_SHUFFLE_MAX];
+  block_t *order[256];   /* linked in runs of up to 256 (2 KiB of stack: a refill carves with 8 KiB after this) */
   size_t k = 0, n = 0;
   for (; sum; sum &= sum - 1) {
     size_t w = (size_t)__builtin_ctzll(sum) << shift, end = w + ((size_t)1 << shift);
@@ -124,7 +124,7 @@ size_t mld_page_collect_remote(page_t *pg) {
         block_t *b = (block_t *)(base + 16 * __builtin_ctzll(m));
         if (unlikely(canary_damaged_of(key, bs, b))) mld_secure_fail("heap buffer overflow: canary damaged after block", b);
         order[k++] = b;
-        if (k == MLD_SHUFFLE_MAX) {
+        if (k == sizeof order / sizeof order[0]) {
           push_rotated(pg, order, k);
           k = 0;
         }

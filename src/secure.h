@@ -34,8 +34,9 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 #define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
 #endif
 #ifndef MLD_SHUFFLE
-#define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh and collected blocks in random order within runs of this many
-                                              * (page.c); the maximum: each carved chunk whole; 0 or 1: address order */
+#define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh blocks in random order within runs of this many (page.c); the
+                                              * maximum: each carved chunk whole; 0 or 1: address order (and collected
+                                              * blocks from the first, not a random one) */
 #endif
 #ifndef MLD_COIN_CARVE
 #define MLD_COIN_CARVE 8                     /* blocks a refill carves ahead of the recycled ones when its coin says
