@@ -52,35 +52,6 @@ static void publish(page_t *pg, uint64_t summary) {
   MLD_RACE_WINDOW();   /* published: nothing of the page may be touched from here on */
   remote_notify(notice);
 }
-
-/* The secure variant's remote free: no chain, and nothing written into the block. Its remote bit, set at once, is
- * the free (a second free by any thread finds it, secure.h); the free that finds the bit's word empty owes the word
- * to the page's summary, where the holder finds it (page.c takes the blocks word by word, checking each). That
- * debt is batched per page like the fast variant's chains: one locked `or` for up to MLD_OUTBOX_WORDS words. */
-void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b) {
-  uint64_t sbit = (uint64_t)1 << ((((uintptr_t)b - pg->start) >> 10) >> remote_summary_shift(pg->slot_count));
-  bool owed = secure_remote_release(pg, b) == 0;   /* else the word is owed or published already */
-  if (unlikely(h == &mld_heap_empty)) {   /* a thread past its destructor: at once */
-    if (owed) publish(pg, sbit);
-    return;
-  }
-  if (owed) {
-    MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
-    outbox_t *e = &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
-    if (e->page != pg) {
-      if (e->page) publish(e->page, e->summary);
-      e->page = pg;
-      e->summary = 0;
-      e->count = 0;
-    }
-    e->summary |= sbit;
-    if (++e->count >= MLD_OUTBOX_WORDS) {
-      e->page = NULL;
-      publish(pg, e->summary);
-    }
-  }
-  if (unlikely(++h->outbox_ops >= MLD_OUTBOX_AGE)) mld_outbox_flush(h);
-}
 #endif
 
 /* ---- sweep requests: raised by sends into pages nobody may visit soon (heap.c: mld_heaps_sweep) ---- */
@@ -97,12 +68,15 @@ uint64_t mld_sweep_due(void) {
   return since ? since + mld_purge_age() : 0;
 }
 
-#ifndef MALLARD_SECURE
-/* Send one entry's batch and empty the slot. */
+/* Send one entry's batch (the secure variant: its summary bits) and empty the slot. */
 static void send(outbox_t *e) {
   page_t *pg = e->page;
   e->page = NULL;
+#ifndef MALLARD_SECURE
   mld_remote_push(pg, e->head, e->tail, e->count);
+#else
+  publish(pg, e->summary);
+#endif
 }
 
 /* Send every pending batch: at thread exit, on a refill, on malloc_trim/mallard_collect, and every
@@ -112,26 +86,18 @@ void mld_outbox_flush(heap_t *h) {
   for (unsigned i = 0; i < MLD_OUTBOX_SLOTS; i++)
     if (h->outbox[i].page) send(&h->outbox[i]);
 }
-#else
-void mld_outbox_flush(heap_t *h) {
-  h->outbox_ops = 0;
-  for (unsigned i = 0; i < MLD_OUTBOX_SLOTS; i++) {
-    outbox_t *e = &h->outbox[i];
-    if (!e->page) continue;
-    page_t *pg = e->page;
-    e->page = NULL;
-    publish(pg, e->summary);
-  }
+
+/* A page's slot in a thread's outbox: one page at a time, direct-mapped by descriptor address. */
+static inline outbox_t *outbox_slot(heap_t *h, const page_t *pg) {
+  return &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
 }
-#endif
 
 #ifndef MALLARD_SECURE
-/* A block of a page this heap does not own: add it to that page's batch. A slot holds one page at a time
- * (direct-mapped by descriptor address); a batch is sent when it holds MLD_OUTBOX_BLOCKS blocks or
- * MLD_OUTBOX_BYTES bytes, so blocks of 8 KiB and more go out at once and at most
+/* A block of a page this heap does not own: add it to that page's batch. A batch is sent when it holds
+ * MLD_OUTBOX_BLOCKS blocks or MLD_OUTBOX_BYTES bytes, so blocks of 8 KiB and more go out at once and at most
  * MLD_OUTBOX_SLOTS * MLD_OUTBOX_BYTES bytes wait in a thread's outbox. */
 void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
-  outbox_t *e = &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
+  outbox_t *e = outbox_slot(h, pg);
   uint32_t bs = pg->block_size;
   if (e->page == pg) {
     b->next = e->head;
@@ -147,6 +113,32 @@ void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
     e->bytes = bs;
   }
   if (e->count >= MLD_OUTBOX_BLOCKS || e->bytes >= MLD_OUTBOX_BYTES) send(e);
+  if (unlikely(++h->outbox_ops >= MLD_OUTBOX_AGE)) mld_outbox_flush(h);
+}
+#else
+/* The secure variant's remote free: no chain, and nothing written into the block. Its remote bit, set at once, is
+ * the free (a second free by any thread finds it, secure.h); the free that finds the bit's word empty owes the word
+ * to the page's summary, where the holder finds it (page.c takes the blocks word by word, checking each). That
+ * debt is batched per page like the fast variant's chains: one locked `or` for up to MLD_OUTBOX_WORDS words. */
+void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b) {
+  uint64_t sbit = remote_summary_bit(pg, b);
+  bool owed = secure_remote_release(pg, b) == 0;   /* else the word is owed or published already */
+  if (unlikely(h == &mld_heap_empty)) {   /* a thread past its destructor: at once */
+    if (owed) publish(pg, sbit);
+    return;
+  }
+  if (owed) {
+    MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
+    outbox_t *e = outbox_slot(h, pg);
+    if (e->page != pg) {
+      if (e->page) send(e);
+      e->page = pg;
+      e->summary = 0;
+      e->count = 0;
+    }
+    e->summary |= sbit;
+    if (++e->count >= MLD_OUTBOX_WORDS) send(e);
+  }
   if (unlikely(++h->outbox_ops >= MLD_OUTBOX_AGE)) mld_outbox_flush(h);
 }
 #endif

@@ -195,6 +195,10 @@ static inline _Atomic(uint64_t) *remote_summary(const page_t *pg) {
 static inline unsigned remote_summary_shift(uint32_t slot_count) {
   return slot_count <= 1 ? 0 : 64 - (unsigned)__builtin_clzll((uint64_t)slot_count - 1);   /* 2^s >= slot_count */
 }
+/* The summary bit of the word holding block b of pg. */
+static inline uint64_t remote_summary_bit(const page_t *pg, const void *b) {
+  return (uint64_t)1 << ((((uintptr_t)b - pg->start) >> 10) >> remote_summary_shift(pg->slot_count));
+}
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----
  * A keyed hash of the block's address with its page's key (a 128-bit multiply by the key, folded): the key is
