@@ -59,8 +59,8 @@ static bool page_extend(page_t *pg, size_t most) {
     order[i] = (block_t *)(first + i * bs);
     if (canary) *canary_at(pg, order[i]) = canary_value(pg, order[i]);   /* armed once: kept while free */
   }
-  /* Random allocation order inside each run of `shuffle` blocks of the chunk (the default runs are whole chunks):
-   * shorter runs keep more of a program's locality and leave fewer orders to guess among. */
+  /* Random allocation order inside each run of `shuffle` blocks of the chunk (16 by default; the most: the chunk
+   * whole): shorter runs keep more of a program's locality and leave fewer orders to guess among. */
   push_shuffled(pg, order, n);
 #else
   uint8_t *p = first;

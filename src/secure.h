@@ -24,8 +24,10 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 #define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large blocks from this size PROT_NONE, huge ones moved away */
 #endif
 #ifndef MLD_LARGE_QUARANTINE
-#define MLD_LARGE_QUARANTINE 8               /* freed large blocks held inaccessible; a random one goes back; 0: none
-                                              * (at most MLD_LARGE_QUARANTINE_MAX) */
+#define MLD_LARGE_QUARANTINE 2               /* freed large blocks held inaccessible; a random one goes back; 0: none
+                                              * (at most MLD_LARGE_QUARANTINE_MAX). Two: the block just freed is
+                                              * never the next one handed out, and the held footprint stays small
+                                              * (8 cost realloc-heavy programs up to 1.2x more: PERFORMANCE.md) */
 #endif
 #ifndef MLD_ZERO_ON_FREE_ALWAYS
 #define MLD_ZERO_ON_FREE_ALWAYS 0            /* 1: wipe on every free whatever zero_on_free says (cost measurement) */
@@ -34,9 +36,10 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 #define MLD_DELAYED_REUSE 1                  /* an owner's free goes second on its page's list, not first; 0: first */
 #endif
 #ifndef MLD_SHUFFLE
-#define MLD_SHUFFLE MLD_SHUFFLE_MAX          /* fresh blocks in random order within runs of this many (page.c); the
-                                              * maximum: each carved chunk whole; 0 or 1: address order (and collected
-                                              * blocks from the first, not a random one) */
+#define MLD_SHUFFLE 16                       /* fresh blocks in random order within runs of this many (page.c);
+                                              * MLD_SHUFFLE_MAX: each carved chunk whole (a program's locality pays:
+                                              * pydict-json 1.2x more, PERFORMANCE.md); 0 or 1: address order (and
+                                              * collected blocks from the first, not a random one) */
 #endif
 #ifndef MLD_COIN_CARVE
 #define MLD_COIN_CARVE 8                     /* blocks a refill carves ahead of the recycled ones when its coin says

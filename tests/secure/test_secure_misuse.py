@@ -219,10 +219,11 @@ def carve_runs(lib, conf=None):
 
 
 def test_secure_carves_fresh_blocks_in_random_order():
-    """Fresh blocks come out of each carved chunk in a shuffled order: few hand-outs are the block right after the
-    previous one, the first block of a chunk is anywhere in it (uniformly: a chi-square test over 8 bins), and
-    two processes get different orders."""
-    step, runs = carve_runs(SECURE)
+    """Under shuffle:1024 (each chunk whole; the default shuffles runs of 16: test_secure_options.py), fresh blocks
+    come out of each carved chunk in a shuffled order: few hand-outs are the block right after the previous one, the
+    first block of a chunk is anywhere in it (uniformly: a chi-square test over 8 bins), and two processes get
+    different orders."""
+    step, runs = carve_runs(SECURE, "shuffle:1024")
     assert 200 < step <= 256 and len(runs) >= 100, (step, len(runs))
     pairs = [(a, b) for r in runs for a, b in zip(r, r[1:])]
     adjacent = sum(b == a + 1 for a, b in pairs)
@@ -232,7 +233,7 @@ def test_secure_carves_fresh_blocks_in_random_order():
     expected = len(firsts) / 8
     chi2 = sum((c - expected) ** 2 / expected for c in counts)
     assert chi2 < 24.3, (counts, chi2)   # 7 degrees of freedom: p = 0.001
-    assert carve_runs(SECURE)[1][:5] != runs[:5]
+    assert carve_runs(SECURE, "shuffle:1024")[1][:5] != runs[:5]
 
 
 def test_fast_carves_in_address_order_control():

@@ -17,7 +17,7 @@ def secure_opts(lib, conf=None):
     return (int(g), int(nm), int(lq), dr == "1", junk, int(sh)), r.stderr
 
 
-SECURE_DEFAULTS = (4, 256 << 10, 8, True, "false", 1024)
+SECURE_DEFAULTS = (4, 256 << 10, 2, True, "false", 16)
 
 
 def test_secure_defaults():
@@ -31,18 +31,19 @@ def test_fast_defaults_are_off():
 
 
 @pytest.mark.parametrize("conf,expected", [
-    ("guard_slab_interval:0", (0, 256 << 10, 8, True, "false", 1024)),
-    ("guard_slab_interval:1", (1, 256 << 10, 8, True, "false", 1024)),
-    ("secure_noaccess_min:1g", (4, 1 << 30, 8, True, "false", 1024)),
-    ("secure_noaccess_min:none", (4, 2**64 - 1, 8, True, "false", 1024)),
-    ("secure_noaccess_min:0", (4, 0, 8, True, "false", 1024)),
-    ("large_quarantine:0", (4, 256 << 10, 0, True, "false", 1024)),
-    ("large_quarantine:64", (4, 256 << 10, 64, True, "false", 1024)),
-    ("delayed_reuse:false", (4, 256 << 10, 8, False, "false", 1024)),
-    ("junk:free", (4, 256 << 10, 8, True, "free", 1024)),
-    ("shuffle:0", (4, 256 << 10, 8, True, "false", 0)),
-    ("shuffle:16", (4, 256 << 10, 8, True, "false", 16)),
-    ("shuffle:1024", (4, 256 << 10, 8, True, "false", 1024)),
+    ("guard_slab_interval:0", (0, 256 << 10, 2, True, "false", 16)),
+    ("guard_slab_interval:1", (1, 256 << 10, 2, True, "false", 16)),
+    ("secure_noaccess_min:1g", (4, 1 << 30, 2, True, "false", 16)),
+    ("secure_noaccess_min:none", (4, 2**64 - 1, 2, True, "false", 16)),
+    ("secure_noaccess_min:0", (4, 0, 2, True, "false", 16)),
+    ("large_quarantine:0", (4, 256 << 10, 0, True, "false", 16)),
+    ("large_quarantine:64", (4, 256 << 10, 64, True, "false", 16)),
+    ("delayed_reuse:false", (4, 256 << 10, 2, False, "false", 16)),
+    ("junk:free", (4, 256 << 10, 2, True, "free", 16)),
+    ("shuffle:0", (4, 256 << 10, 2, True, "false", 0)),
+    ("shuffle:16", (4, 256 << 10, 2, True, "false", 16)),
+    ("large_quarantine:8", (4, 256 << 10, 8, True, "false", 16)),
+    ("shuffle:1024", (4, 256 << 10, 2, True, "false", 1024)),
 ])
 def test_secure_option_parsed(conf, expected):
     opts, err = secure_opts(SECURE, conf)
@@ -83,10 +84,11 @@ def test_shuffle_0_carves_in_address_order():
     assert len(runs) >= 100 and sum(b == a + 1 for a, b in pairs) > 0.95 * len(pairs), (step, len(runs))
 
 
-def test_shuffle_runs_are_shuffled_in_place():
-    """shuffle:16: each run of 16 blocks of a carved chunk comes out in a random order of its own blocks, and the
-    runs come out one after the other in address order."""
-    step, runs = carve_runs(SECURE, "shuffle:16")
+@pytest.mark.parametrize("conf", [None, "shuffle:16"])
+def test_shuffle_runs_are_shuffled_in_place(conf):
+    """shuffle:16 (the default): each run of 16 blocks of a carved chunk comes out in a random order of its own
+    blocks, and the runs come out one after the other in address order."""
+    step, runs = carve_runs(SECURE, conf)
     assert len(runs) >= 100, (step, len(runs))
     groups = [(min(r) + i, r[i:i + 16]) for r in runs for i in range(0, len(r), 16)]
     assert all(sorted(g) == list(range(first, first + len(g))) for first, g in groups)
@@ -103,8 +105,9 @@ def quarantine_idle(conf, mode="quarantine-idle"):
 
 def test_quarantined_large_blocks_are_given_back_when_idle():
     """Eight freed 1 MiB blocks wait in the large quarantine (inaccessible, resident); once they are older than
-    dirty_decay_ms the purging thread gives their memory back, as it does for dirty spans, while the program idles."""
-    before, after = quarantine_idle("dirty_decay_ms:100")
+    dirty_decay_ms the purging thread gives their memory back, as it does for dirty spans, while the program idles.
+    The quarantine is made to hold 8 (the default holds 2): every block of the test waits in it."""
+    before, after = quarantine_idle("dirty_decay_ms:100,large_quarantine:8")
     assert before - after >= 6 * 1024, (before, after)
 
 
@@ -116,7 +119,7 @@ def test_one_quarantined_large_block_is_given_back_when_idle():
 
 def test_quarantined_large_blocks_stay_without_decay_control():
     """Control: with purging off (dirty_decay_ms:-1) the same blocks stay resident, so the test above sees them."""
-    before, after = quarantine_idle("dirty_decay_ms:-1")
+    before, after = quarantine_idle("dirty_decay_ms:-1,large_quarantine:8")
     assert before >= 8 * 1024 and before - after < 1024, (before, after)
 
 
