@@ -390,7 +390,8 @@ int main(int argc, char **argv) {
     return 0;
   } else if (!strcmp(m, "carve-order")) {
     /* Prints the address (hex) of each of 20000 blocks of 200 bytes in hand-out order, none freed: the order in
-     * which fresh blocks are carved into a page's list (the secure variant shuffles each run of `shuffle` blocks of every 16 KiB chunk). */
+     * which fresh blocks are carved into a page's list (the secure variant shuffles each run of `shuffle` blocks
+     * of every 16 KiB chunk). */
     for (int i = 0; i < 20000; i++) printf("%lx\n", (unsigned long)(uintptr_t)malloc(200));
     return 0;
   } else if (!strcmp(m, "reuse-or-extend")) {
@@ -552,10 +553,10 @@ int main(int argc, char **argv) {
     printf("%d\n", again);
     return 0;
   } else if (!strcmp(m, "quarantine-idle") || !strcmp(m, "quarantine-idle-1")) {
-    /* Frees 8 (or 1) written 1 MiB large blocks (the test sets large_quarantine:8), then idles 1.5 s; prints the resident KiB
-     * just after the frees and after the idle time: the purging thread should give quarantined blocks back once
-     * they are older than dirty_decay_ms, as it gives back dirty spans (one block alone evicts nothing: only the
-     * quarantine itself can wake the thread for it). */
+    /* Frees 8 (or 1) written 1 MiB large blocks (the test sets large_quarantine:8), then idles 1.5 s; prints the
+     * resident KiB just after the frees and after the idle time: the purging thread should give quarantined blocks
+     * back once they are older than dirty_decay_ms, as it gives back dirty spans (one block alone evicts nothing:
+     * only the quarantine itself can wake the thread for it). */
     void *b[8];
     int n = strcmp(m, "quarantine-idle") ? 1 : 8;
     for (int i = 0; i < n; i++) opaque_memset(b[i] = malloc(1u << 20), 0x33, 1u << 20);
