@@ -103,7 +103,7 @@ size_t mld_page_collect_remote(page_t *pg) {
   uint64_t sum = atomic_exchange_explicit(summary, 0, memory_order_acquire);
   MLD_RACE_WINDOW();   /* the summary taken, its words not yet: frees into them find them non-empty, publish nothing */
   const unsigned shift = remote_summary_shift(pg->slot_count);
-  const size_t words = (size_t)pg->slot_count << (MLD_SLOT_SHIFT - 10), bs = pg->block_size;   /* a word: 1 KiB */
+  const size_t words = bm_page_words(pg), bs = pg->block_size;
   const uint64_t key = pg->list_key;
   uint8_t *start = page_start(pg);
   uint64_t *live = bm_word(start);   /* the page's first live word: pages start on slots, words do not straddle */
@@ -115,7 +115,7 @@ size_t mld_page_collect_remote(page_t *pg) {
       uint64_t *rw = bm_remote_word(live + w);
       if (!bm_load(rw)) continue;
       uint64_t m = bm_remote_take(rw), v = bm_load(live + w);
-      uint8_t *base = start + (w << 10);
+      uint8_t *base = start + (w << MLD_BM_WORD_SHIFT);
       /* every bit freed by another thread must be a block handed out and not yet back */
       if (unlikely((v & m) != m)) mld_secure_fail("double free or invalid free of", base + 16 * __builtin_ctzll(m & ~v));
       __atomic_store_n(live + w, v & ~m, __ATOMIC_RELAXED);

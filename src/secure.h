@@ -132,6 +132,9 @@ static inline uint64_t bm_bit_index(const void *p) { return (uintptr_t)p >> 4; }
 static inline uint64_t *bm_word(const void *p) {
   return (uint64_t *)(((uintptr_t)p & ~(uintptr_t)(MLD_SEGMENT_SIZE - 1)) + MLD_BITMAP_OFFSET) + (bm_granule(p) >> 6);
 }
+#define MLD_BM_WORD_SHIFT 10   /* a bitmap word covers 1 KiB of the segment (64 granules of 16 bytes) */
+/* How many bitmap words a page spans (its slots; the same count in each bitmap). */
+static inline size_t bm_page_words(const page_t *pg) { return (size_t)pg->slot_count << (MLD_SLOT_SHIFT - MLD_BM_WORD_SHIFT); }
 /* The remote word of the same granules: a fixed distance after the live word. */
 static inline uint64_t *bm_remote_word(uint64_t *live_word) { return live_word + MLD_BITMAP_BYTES / 8; }
 /* Relaxed atomic accesses (plain moves): other threads read or set bits of words their page's holder writes. */
@@ -200,7 +203,7 @@ static inline unsigned remote_summary_shift(uint32_t slot_count) {
 }
 /* The summary bit of the word holding block b of pg. */
 static inline uint64_t remote_summary_bit(const page_t *pg, const void *b) {
-  return (uint64_t)1 << ((((uintptr_t)b - pg->start) >> 10) >> remote_summary_shift(pg->slot_count));
+  return (uint64_t)1 << ((((uintptr_t)b - pg->start) >> MLD_BM_WORD_SHIFT) >> remote_summary_shift(pg->slot_count));
 }
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----

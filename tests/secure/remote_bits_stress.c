@@ -80,7 +80,7 @@ int main(void) {
       page_t *pg = pages[p];
       mld_page_collect_remote(pg);
       uint64_t *live = bm_word(page_start(pg)), rest = 0;
-      for (size_t w = 0; w < (size_t)pg->slot_count << (MLD_SLOT_SHIFT - 10); w++) rest |= bm_load(bm_remote_word(live + w));
+      for (size_t w = 0; w < bm_page_words(pg); w++) rest |= bm_load(bm_remote_word(live + w));
       uint64_t summary = atomic_load(remote_summary(pg));
       if (pg->used != held_before[p] - ours[p] || rest || summary) {
         fprintf(stderr, "round %d, %zu-byte blocks, page %p: %u handed out (expected %u), remote bits %#llx, summary %#llx\n",
