@@ -74,7 +74,7 @@ def test_guard_slab_interval_0_lets_slab_overflow_through():
 def test_large_quarantine_0_reuses_at_once():
     assert output(SECURE, "reuse-large") == "0"
     # Without the quarantine the span just freed is the arena's first choice, but nothing requires it to be: one
-    # fresh-clone CI run (2 cores, under load) got 19 of 20, never seen in 2,100 runs here. Any quarantine gives 0.
+    # fresh-clone CI run (2 cores) got 19 of 20, never seen in 2,100 runs here, some under load. Any quarantine gives 0.
     assert int(output(SECURE, "reuse-large", "large_quarantine:0")) >= 15
 
 
