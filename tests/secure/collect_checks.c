@@ -1,7 +1,8 @@
 /* collect_checks.c — white-box checks of the secure variant's bookkeeping: a block its page's holder takes back
  * from the remote bitmap must be (live, remote) = (1,1); a remote bit that is not (a free of a block already free,
  * a forged bit inside a block) is reported, not collected; a page released empty must have every bit clear, a
- * stray one is reported; collected blocks go back from a random one. Run with guard_sample:0 (CMakeLists.txt):
+ * stray one is reported; collected blocks go back from a random one; a free-list link that decodes to a block start
+ * of the page not carved yet is reported, not handed out. Run with guard_sample:0 (CMakeLists.txt):
  * every block on a small page. */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -14,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { CONTROL, INTERIOR_BIT, NOT_LIVE, STRAY_LIVE_SMALL, STRAY_REMOTE_MEDIUM };
+enum { CONTROL, INTERIOR_BIT, NOT_LIVE, STRAY_LIVE_SMALL, STRAY_REMOTE_MEDIUM, UNCARVED_LINK };
 
 /* In the child: one block of `size` bytes on a fresh page; the last carved block other than it gets a stray bit
  * (live or remote: a bookkeeping error, no free makes it), then the block is freed and the page released. */
@@ -31,11 +32,27 @@ static void stray_bit(size_t size, bool remote) {
   _exit(0);
 }
 
+/* In the child: the page's head gets a link, made with the page's own key, to the first block start past the carved
+ * ones. Its bitmap bits are clear and its address is a block start of the page: only the bound of the carved bytes
+ * (secure.h blk_next) stops the next malloc from handing it out. */
+static void uncarved_link(void) {
+  block_t *b = mallard_malloc(48);   /* a fresh page of 64-byte blocks (48 and the canary): 256 carved of 1,024 */
+  page_t *pg = page_of(segment_of(b), b);
+  if (!pg->free || pg->capacity >= pg->reserved) _exit(3);   /* not the layout the case needs */
+  block_t *past = (block_t *)(page_start(pg) + (size_t)pg->capacity * pg->block_size);
+  blk_set_next(pg, pg->free, past);
+  void *head = mallard_malloc(48);   /* the head: its link decodes to `past` */
+  void *next = mallard_malloc(48);
+  printf("handed out %p then %p (past the carved blocks: %p)\n", head, next, (void *)past);
+  _exit(0);
+}
+
 /* In the child: a block of a live page freed as another thread frees it (its remote bit, published), in one of
  * three states, then collected by its owner. */
 static void child(int which) {
   if (which == STRAY_LIVE_SMALL) stray_bit(3000, false);        /* 3 KiB blocks: 5 carved, the last on word 12 */
   if (which == STRAY_REMOTE_MEDIUM) stray_bit(200000, true);    /* a 1 MiB page of 4 blocks over 200 KiB */
+  if (which == UNCARVED_LINK) uncarved_link();
   void *keep = mallard_malloc(40);   /* the page stays in use whatever happens to b */
   block_t *b = mallard_malloc(48);
   page_t *pg = page_of(segment_of(b), b);
@@ -119,6 +136,7 @@ int main(void) {
     { NOT_LIVE, "double free or invalid free of" },
     { STRAY_LIVE_SMALL, "live block in a page being released" },
     { STRAY_REMOTE_MEDIUM, "live block in a page being released" },
+    { UNCARVED_LINK, "free list corrupted (use after free?): bad link in the block at" },
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     st = run(bad[i].which, err, sizeof err);
