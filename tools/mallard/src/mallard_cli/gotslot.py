@@ -135,6 +135,8 @@ def read_word(pid: int, address: int, word: int = 8, little: bool = True) -> int
     except OSError as e:
         raise SlotError(f"cannot open {path}: {e.strerror}") from None
     try:
+        if not 0 <= address <= (1 << 63) - word:  # beyond what pread can take: no process memory lies there
+            raise SlotError(f"cannot read {path} at {address:#x}: not an address of the process")
         data = os.pread(fd, word, address)
     except ProcessLookupError:
         raise SlotError(f"process {pid} exited while being read") from None
@@ -164,5 +166,10 @@ def read_slot(pid: int, maps: list[MapRange], obj: str, symbol: str = "malloc") 
         return None
     kind, off = r.slots[symbol]
     addr = bias + off
+    # The file's relocations are data from the target's side: the slot must lie in one of the object's own mappings
+    # (a crafted r_offset may point anywhere, even past what /proc/PID/mem can address).
+    if not any(m.path == obj and m.start <= addr and addr + r.word <= m.end for m in maps):
+        raise SlotError(f"the {symbol} relocation of {obj} points to {addr:#x}, outside the object's mappings "
+                        "(the file does not match what is mapped, or it was crafted)")
     value = read_word(pid, addr, r.word, r.little)
     return Slot(obj, symbol, kind, addr, value, target_of(maps, value))
