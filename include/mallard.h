@@ -59,12 +59,15 @@ void mallard_stats_print(void (*write_cb)(void *opaque, const char *text), void 
 
 /* The same report for another running process under Mallard (what `mallard stats PID` calls): root_addr is the
  * address of the symbol mallard_live_root in that process. Its counters are read from its memory (the kernel allows
- * it to the same user, ptrace rules applying, or to root), without stopping it: a racy snapshot. The target must use
- * this very Mallard build (same version and layout). Returns 0, or an errno code: ESRCH no such process, EPERM not
- * allowed, EPROTO not a Mallard root of this version and layout, EAGAIN Mallard not initialised there yet, EFAULT
- * unreadable memory, EINVAL bad arguments. See docs/STATS.md. */
+ * it to the same user, ptrace rules applying, or to root), without stopping it: a racy snapshot. The target may be
+ * any Mallard whose root is version 2: the root describes its own layout (a table of fields), and everything read
+ * through it is validated before use. Returns 0, or an errno code: ESRCH no such process, EPERM not allowed, EPROTO
+ * a root it cannot validate, EAGAIN Mallard not initialised there yet, EFAULT the root or one of its fields not
+ * readable in the process, EINVAL bad arguments. See docs/STATS.md. */
 int mallard_live_stats(int pid, uintptr_t root_addr, void (*write_cb)(void *opaque, const char *text), void *opaque,
                        const char *opts);
+/* Why the last mallard_live_stats of this process refused (after EPROTO or EFAULT): one line, NUL-terminated. */
+void mallard_live_reason(char *buf, size_t len);
 
 #ifdef __cplusplus
 }

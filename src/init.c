@@ -85,6 +85,7 @@ void mld_init_slow(void) {
     mld_auto_arenas = made ? (unsigned)made : 1;
     mld_purge_init();
     pthread_key_create(&mld_heap_key, heap_destructor);
+    mld_live_init();   /* the options text a reader in another process shows: before it may see "ready" */
     atomic_store_explicit(&mld_initialized, 2, memory_order_release);
     /* These may allocate: the allocator is ready by now. */
     pthread_atfork(fork_prepare, fork_parent, fork_child);

@@ -42,10 +42,10 @@ void mld_global_compute(global_stats_t *g, const heap_stats_t *hs, const arena_s
     large += arenas[i].large_active;
   }
   g->allocated += large + at->huge_active;
-  g->active = sub0(nseg * MLD_USABLE_SLOTS * MLD_SLOT_SIZE, dirty + purged) + at->huge_active;
+  g->active = sub0(nseg * at->segment_usable, dirty + purged) + at->huge_active;
   g->dirty = dirty + at->huge_cached;
   g->retained = purged;
-  g->metadata = at->meta_bytes + nseg * MLD_HUGE_HEADER + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
+  g->metadata = at->meta_bytes + nseg * at->huge_header + MLD_OWNER_MAP_TOUCHED_ESTIMATE;
   g->resident = g->active + g->dirty + g->metadata;
   /* The ownership map lives in .bss, outside our mappings: its touched page counts in metadata (so in resident)
    * and in mapped too, so that resident never exceeds mapped. */
@@ -58,6 +58,8 @@ static void local_atomics(stats_atomics_t *at) {
   at->huge_cached = atomic_load(&mld_huge_cached);
   at->meta_bytes = atomic_load(&mld_meta_bytes);
   at->mapped_bytes = atomic_load(&mld_mapped_bytes);
+  at->segment_usable = MLD_USABLE_SLOTS * MLD_SLOT_SIZE;
+  at->huge_header = MLD_HUGE_HEADER;
 }
 
 void mld_global_stats(global_stats_t *g) {
@@ -78,7 +80,7 @@ void mld_global_stats(global_stats_t *g) {
 }
 
 /* This process's snapshot: heaps under the registry lock, each arena under its lock. */
-/* The options the report shows, from this process's options or another's copy (live.c): garbage stays printable. */
+/* The options the report shows, from this process's options (live.c reads another's through its root instead). */
 void mld_snapshot_options(stats_snapshot_t *s, const options_t *o, const struct prof_options_s *po,
                           unsigned auto_arenas) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
@@ -93,6 +95,7 @@ void mld_snapshot_options(stats_snapshot_t *s, const options_t *o, const struct 
 }
 
 static void local_snapshot(stats_snapshot_t *s) {
+  snprintf(s->version, sizeof s->version, "%s", MALLARD_VERSION);
   mld_stats_sum(&s->hs);
   s->narenas = 0;
   unsigned n = atomic_load(&mld_narenas);
@@ -158,7 +161,7 @@ static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
   if (s->purge_wakeups_known) snprintf(wakeups, sizeof wakeups, "%llu", (unsigned long long)s->purge_wakeups);
   const global_stats_t *g = &s->g;
   const heap_stats_t *hs = &s->hs;
-  outf(o, "{\"mallard\":{\"version\":\"%s\",\"pid\":%d,\"exe\":\"%s\",\n", MALLARD_VERSION, s->pid, esc);
+  outf(o, "{\"mallard\":{\"version\":\"%s\",\"pid\":%d,\"exe\":\"%s\",\n", s->version, s->pid, esc);
   outf(o, "\"options\":{\"narenas\":%u,\"dirty_decay_ms\":%ld,\"background_thread\":%s,\"retain\":%s,\"thp\":%d,"
           "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", s->narenas, s->dirty_decay_ms,
        s->background_thread ? "true" : "false", s->retain ? "true" : "false", s->thp, s->huge_cache_max,
@@ -208,7 +211,7 @@ static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
 static void print_text(out_t *o, const stats_snapshot_t *s, bool arenas, bool classes) {
   const global_stats_t *g = &s->g;
   const heap_stats_t *hs = &s->hs;
-  outf(o, "___ Mallard statistics (version %s) ___\n", MALLARD_VERSION);
+  outf(o, "___ Mallard statistics (version %s) ___\n", s->version);
   o->cb(o->opaque, "options: ");   /* longer than outf's buffer: written as it is */
   o->cb(o->opaque, s->options_text);
   o->cb(o->opaque, "\n");

@@ -19,6 +19,7 @@ typedef struct arena_snapshot_s {
 /* Everything the report shows, copied either from this process under its locks (stats.c) or from another process's
  * memory without them (live.c: a racy snapshot). The report is printed from this alone. */
 typedef struct stats_snapshot_s {
+  char version[16];                      /* MALLARD_VERSION of the process reported (live.c: the target's, checked) */
   heap_stats_t hs;                       /* live heaps + exited threads + threads without a heap */
   global_stats_t g;
   uint64_t invalid_frees;
@@ -40,8 +41,13 @@ typedef struct stats_snapshot_s {
   uint64_t purge_wakeups;
 } stats_snapshot_t;
 
-/* The memory figures of `g` from summed heap counters, arena totals and the allocator's global atomics. */
-typedef struct stats_atomics_s { uint64_t huge_active, huge_cached, meta_bytes, mapped_bytes; } stats_atomics_t;
+/* The memory figures of `g` from summed heap counters, arena totals, the allocator's global atomics and its segment
+ * geometry (the reported process's: live.c reads them from its root, the variants differ). */
+typedef struct stats_atomics_s {
+  uint64_t huge_active, huge_cached, meta_bytes, mapped_bytes;
+  uint64_t segment_usable;               /* bytes of a segment's usable slots (MLD_USABLE_SLOTS * MLD_SLOT_SIZE) */
+  uint64_t huge_header;                  /* MLD_HUGE_HEADER */
+} stats_atomics_t;
 struct prof_options_s;
 MLD_HIDDEN void mld_snapshot_options(stats_snapshot_t *s, const options_t *o, const struct prof_options_s *po,
                                      unsigned auto_arenas);
@@ -53,8 +59,10 @@ MLD_HIDDEN void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s);
 MLD_HIDDEN void mld_stats_print_snapshot(const stats_snapshot_t *s, void (*write_cb)(void *, const char *),
                                          void *opaque, const char *opts);
 
-/* live.c: the root a reader in another process starts from (its layout is live.c's). */
+/* live.c: the root a reader in another process starts from (self-describing: docs/STATS.md), and the options text
+ * it points to, formatted once at initialisation (init.c calls this before the allocator is marked ready). */
 extern const struct live_root_s mallard_live_root;
+MLD_HIDDEN void mld_live_init(void);
 
 MLD_HIDDEN void mld_stats_sum(heap_stats_t *out);
 MLD_HIDDEN void mld_global_stats(global_stats_t *g);

@@ -4,8 +4,6 @@
  * with dlsym) to stdout between "report-begin" and "report-end".
  * steady RATE SIZE: mallocs and frees RATE blocks of SIZE bytes a second (in 10 ms ticks), says "ready", until stdin
  * closes or gets a line.
- * fakeroot: copies Mallard's root (dlsym) with one layout fact changed, prints "root ADDRESS" and waits: a reader
- * must refuse it (a Mallard of another layout).
  * LIVE_NODUMP=1 in the environment: the process makes itself non-dumpable first (the kernel then refuses other
  * processes of its user the reading of its memory). */
 #define _GNU_SOURCE
@@ -76,37 +74,12 @@ static int steady(long rate, size_t size)
     return 0;
 }
 
-static int fakeroot(void)
-{
-    static unsigned char root[512];
-    static size_t layout[256];
-    const unsigned char *real = dlsym(RTLD_DEFAULT, "mallard_live_root");
-    if (!real) { fprintf(stderr, "mallard_live_root not found\n"); return 1; }
-    uint32_t size, nlayout;
-    const size_t *real_layout;
-    memcpy(&size, real + 12, 4);                      /* header: magic[8], version, size, lib_version[16] */
-    memcpy(&real_layout, real + 32, sizeof real_layout);
-    memcpy(&nlayout, real + 40, 4);
-    if (size > sizeof root || nlayout > 256 || nlayout < 2) { fprintf(stderr, "unexpected root\n"); return 1; }
-    memcpy(root, real, size);
-    memcpy(layout, real_layout, nlayout * sizeof *layout);
-    layout[nlayout - 1] += 8;                         /* one offset moved: another build */
-    size_t *lp = layout;
-    memcpy(root + 32, &lp, sizeof lp);
-    printf("root %lu\nready\n", (unsigned long)(uintptr_t)root);
-    fflush(stdout);
-    char line[16];
-    if (!fgets(line, sizeof line, stdin)) { /* EOF: exit as well */ }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (getenv("LIVE_NODUMP") && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) { perror("prctl"); return 1; }
     if (argc == 8 && !strcmp(argv[1], "hold")) return hold(argv + 2, 0);
     if (argc == 9 && !strcmp(argv[1], "hold") && !strcmp(argv[8], "report")) return hold(argv + 2, 1);
-    if (argc == 2 && !strcmp(argv[1], "fakeroot")) return fakeroot();
     if (argc == 4 && !strcmp(argv[1], "steady")) return steady(atol(argv[2]), (size_t)atol(argv[3]));
-    fprintf(stderr, "usage: live_workload hold N1 S1 N2 S2 K KS [report] | steady RATE SIZE | fakeroot\n");
+    fprintf(stderr, "usage: live_workload hold N1 S1 N2 S2 K KS [report] | steady RATE SIZE\n");
     return 2;
 }

@@ -1,6 +1,8 @@
 """Statistics of a running process under Mallard, read from its memory: where its Mallard is (the object that serves its
-malloc), the address of that object's root (the symbol mallard_live_root), and the report, written by
-mallard_live_stats of the target's own library file loaded here (so the layout is the target's). See docs/STATS.md."""
+malloc), the address of that object's root (the symbol mallard_live_root, read from the object's file as data), and
+the report, written by mallard_live_stats of THIS command's own Mallard library (found as allocators.mallard_variants
+finds it, never a file the target names): the root describes its own layout, and the reader validates all it reads.
+Nothing of the target's files is loaded, mapped or run here. See docs/STATS.md."""
 from __future__ import annotations
 
 import ctypes
@@ -15,6 +17,8 @@ from . import procinfo as pi
 
 ROOT = "mallard_live_root"
 READER = "mallard_live_stats"
+REASON = "mallard_live_reason"  # why the last root was refused: one line
+ROOT_HEADER = 48  # bytes of the root's header (docs/STATS.md)
 
 
 class LiveError(Exception):
@@ -30,7 +34,7 @@ class Target:
     pid: int
     obj: str  # the object that carries the root: a libmallard*.so or a statically linked executable
     root: int  # run-time address of mallard_live_root in the process
-    readers: list  # library files able to read it, the target's own first
+    readers: list  # this command's own Mallard libraries able to read it (never a file of the target)
 
 
 def _uid_of(pid: int) -> int | None:
@@ -76,7 +80,7 @@ def _symbol(path: str, name: str) -> tuple[int | None, int]:
                     if s["st_shndx"] != "SHN_UNDEF" and s["st_value"]:
                         return s["st_value"], base
             return None, base
-    except (OSError, ELFError, ValueError, KeyError, IndexError, AttributeError, TypeError):
+    except Exception:  # noqa: BLE001 - a crafted or truncated file: no symbol, never a traceback
         return None, 0
 
 
@@ -121,7 +125,8 @@ def locate(pid: int) -> Target:
                         "allocator")
     if name in ("glibc", "glibc-malloc-debug"):
         raise LiveError(f"process {pid} uses glibc malloc ({obj}), not Mallard", "allocator")
-    sym, min_vaddr = _symbol(obj, ROOT)
+    # The file is only read as data (its symbol table), the very copy the process maps when it was replaced since.
+    sym, min_vaddr = _symbol(_file_of(pid, maps_text, obj) if obj != exe else obj, ROOT)
     if sym is None:
         if obj == exe:
             raise LiveError(f"process {pid} uses an allocator linked into its executable {exe}, not Mallard (or a "
@@ -130,64 +135,80 @@ def locate(pid: int) -> Target:
             raise LiveError(f"process {pid} uses {obj}, a Mallard built without live statistics ({ROOT} missing): "
                             "an older version", "allocator")
         raise LiveError(f"process {pid} uses {name} ({obj}), not Mallard", "allocator")
-    bias = gs.load_bias(gs.parse_maps(maps_text), obj, min_vaddr)
+    maps = gs.parse_maps(maps_text)
+    bias = gs.load_bias(maps, obj, min_vaddr)
     if bias is None:
         raise LiveError(f"cannot find where {obj} is mapped in process {pid}", "pid")
-    readers = []
-    if obj != exe:
-        readers.append(_file_of(pid, maps_text, obj))
-    else:  # a static link: a Mallard library of the same build reads it (mallard_live_stats checks the layout)
-        from . import allocators as al
+    root = bias + sym
+    # The root must lie in the object's own mappings (the reader then validates everything it points to).
+    if not any(m.path.removesuffix(" (deleted)") == obj and m.start <= root and root + ROOT_HEADER <= m.end
+               for m in maps):
+        raise LiveError(f"process {pid}: refused to read {obj}: its {ROOT} ({root:#x}) lies outside the object's "
+                        "mappings", "allocator")
+    return Target(pid, obj, root, own_readers())
 
-        readers += [path for _, path in al.mallard_variants() if path and _symbol(path, READER)[0]]
-        if not readers:
-            raise LiveError(f"process {pid} links Mallard statically; reading it needs libmallard.so of the same "
-                            "build, and none is found (build it, or set MALLARD_BUILD_DIR)", "allocator")
-    return Target(pid, obj, bias + sym, readers)
+
+def own_readers() -> list[str]:
+    """This command's own Mallard libraries that hold the reader (never a path taken from the target)."""
+    from . import allocators as al
+
+    readers = [path for _, path in al.mallard_variants()
+               if path and _symbol(path, READER)[0] and _symbol(path, REASON)[0]]
+    if not readers:
+        raise LiveError("reading a process's statistics needs this command's own libmallard.so (with "
+                        f"{READER}), and none is found: build it, or set MALLARD_BUILD_DIR or MALLARD_LIBDIR",
+                        "allocator")
+    return readers[:1]
 
 
 _CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
 
 
 def _call(reader: str, pid: int, root: int, opts: str) -> tuple[int, str]:
+    """mallard_live_stats of our own reader library: (errno or 0, the report, or the reason of a refusal)."""
     try:
         lib = ctypes.CDLL(reader)
         fn = getattr(lib, READER)
+        why = getattr(lib, REASON)
     except (OSError, AttributeError) as e:
         return errno.ENOEXEC, str(e)
     fn.argtypes = [ctypes.c_int, ctypes.c_size_t, _CB, ctypes.c_void_p, ctypes.c_char_p]
     fn.restype = ctypes.c_int
+    why.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    why.restype = None
     chunks: list[bytes] = []
     cb = _CB(lambda _o, s: chunks.append(s))
     rc = fn(pid, root, cb, None, opts.encode())
+    if rc:
+        buf = ctypes.create_string_buffer(256)
+        why(buf, len(buf))
+        return rc, buf.value.decode("ascii", "replace")
     return rc, b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+def _one_line(text: str) -> str:
+    return " ".join("".join(c if c.isprintable() else "?" for c in text).split())
 
 
 def report(t: Target, as_json: bool = False, opts: str = "") -> str:
     """The report of mallard_stats_print for the process (opts as its: J json, a no arenas, b no classes)."""
     opts = opts + ("J" if as_json else "")
-    last = (0, "")
-    for reader in t.readers:
-        rc, text = _call(reader, t.pid, t.root, opts)
-        if rc == 0:
-            return text
-        last = (rc, text)
-        if rc != errno.EPROTO:
-            break
-    rc, detail = last
+    rc, detail = _call(t.readers[0], t.pid, t.root, opts)
+    if rc == 0:
+        return detail
     pid = t.pid
     if rc == errno.ESRCH:
         raise LiveError(f"process {pid} has exited", "pid")
     if rc in (errno.EPERM, errno.EACCES):
         raise LiveError(f"not allowed to read the memory of process {pid}: only its user (when ptrace is allowed: "
                         "kernel.yama.ptrace_scope, a non-dumpable process) or root can", "pid")
-    if rc == errno.EPROTO:
-        raise LiveError(f"process {pid} runs a different Mallard build ({t.obj}) than the reader "
-                        f"({', '.join(t.readers)}): version or layout differ", "allocator")
+    if rc in (errno.EPROTO, errno.EFAULT):
+        raise LiveError(f"process {pid}: refused to read {t.obj}: {_one_line(detail) or 'not a valid Mallard root'} "
+                        f"(live root at {t.root:#x}, read by {t.readers[0]})", "allocator")
     if rc == errno.EAGAIN:
         raise LiveError(f"Mallard is not initialised yet in process {pid}: try again", "pid")
     if rc == errno.ENOEXEC:
-        raise LiveError(f"cannot load the reader {t.readers[0]}: {detail}", "allocator")
+        raise LiveError(f"cannot load the reader {t.readers[0]}: {_one_line(detail)}", "allocator")
     raise LiveError(f"cannot read the statistics of process {pid}: {os.strerror(rc)}", "pid")
 
 
