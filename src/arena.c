@@ -62,10 +62,10 @@ void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL)
 static void free_span_locked(arena_t *a, page_t *pg, uint64_t now);
 
 /* ---- protection of slots (secure variant) ----
- * Guard slabs: the last OS page of some small pages is PROT_NONE, chosen by position, one page in
- * guard_slab_interval slots (those whose span ends on a multiple of it), so a linear overflow crosses at most that
- * many slots of small pages before it faults. A large block's span ends in a guard slot, PROT_NONE whole, and a
- * freed large block from secure_noaccess_min on is PROT_NONE whole. None of this is undone when a span goes back to
+ * Guard slabs: the last OS page of some small pages is PROT_NONE, chosen by position (span_wants_guard), so that a
+ * linear overflow from a small page faults within max(guard_slab_interval, its page's slots) slots. A large
+ * block's span ends in a guard slot, PROT_NONE whole, and a freed large block from secure_noaccess_min on is
+ * PROT_NONE whole. None of this is undone when a span goes back to
  * the free spans: the segment's masks (prot_tail, prot_full) record it, and a span is opened or guarded when it is
  * handed out, only where its state differs from what its new use wants. A page that goes back and comes out again
  * at the same place (a thread's pages, a large block's span) costs no mprotect at all. */
@@ -80,9 +80,47 @@ typedef struct prot_plan_s {
   int want;
 } prot_plan_t;
 
+/* Guard slabs by position. Pages of s slots have segments of their own and are cut from slot MLD_FIRST_SLOT on,
+ * back to back (every span of such a segment starts a whole number of pages from it), so they end at slots
+ * MLD_FIRST_SLOT + k * s. Counted back from the last page that fits in the segment, which is always guarded (an
+ * overflow never leaves the segment), every (n / s)-th page ends in a guard page, every page when s >= n: guard
+ * pages at most max(n, s) slots apart (n: guard_slab_interval), whatever s and n are. (A guard every n slots of
+ * position would miss pages of s slots for good when no multiple of n is a page end: 4, 8, 12, 16 slots with n 4.) */
+static size_t guard_stride(size_t s) {   /* slots from one guarded page's end to the next one's */
+  size_t m = mld_opt.guard_slab_interval / s;   /* whole pages in the interval */
+  return (m ? m : 1) * s;
+}
+static size_t slab_last_end(size_t s) { return MLD_FIRST_SLOT + MLD_USABLE_SLOTS / s * s; }
+
+/* The end (a slot index) of the guarded page of s slots at or after the page that ends at `end`; 0: none (guard
+ * slabs off). */
+static size_t guard_end_from(size_t end, size_t s) {
+  size_t last = slab_last_end(s);
+  if (!mld_opt.guard_slab_interval || end > last) return 0;
+  return end + (last - end) % guard_stride(s);
+}
+
 static bool span_wants_guard(const page_t *pg) {
-  unsigned n = mld_opt.guard_slab_interval;   /* option guard_slab_interval; 0: no guard slabs */
-  return n && (slot_index(pg) + pg->slot_count) % n == 0;
+  size_t end = slot_index(pg) + pg->slot_count;
+  return guard_end_from(end, pg->slot_count) == end;
+}
+
+/* Arena lock held, the small page pg (not guarded itself) taken: the guard page that ends the run of pages it
+ * belongs to, when it is not closed yet and the page it ends is free (a page in use there got its guard, or lost
+ * it when mprotect failed: its last OS page may hold blocks). So an overflow from pg faults within the promised
+ * distance even where no page after it was handed out yet. Returns the OS page to close (NULL: none), its mask bit
+ * set already (*bit): a page handed out there meanwhile counts on it, which is true once it is closed. */
+static uint8_t *next_guard_plan(page_t *pg, uint64_t *bit) {
+  segment_t *seg = segment_of(pg);
+  size_t s = pg->slot_count, g = guard_end_from(slot_index(pg) + s, s);
+  if (!g || g == slot_index(pg) + s) return NULL;
+  *bit = 1ull << (g - 1);
+  const page_t *first = &seg->pages[g - s];   /* the first slot of the guarded page's place */
+  bool in_use = first->kind != PAGE_FREE && first->slot_count;   /* a free span's inner slots have slot_count 0
+                                                                  * or kind PAGE_FREE (span_mark_free, coalescing) */
+  if (in_use || ((seg->prot_tail | seg->prot_full) & *bit)) return NULL;
+  seg->prot_tail |= *bit;
+  return (uint8_t *)seg + (g << MLD_SLOT_SHIFT) - MLD_OS_PAGE;
 }
 
 /* Slots [idx, idx + n) of a segment as mask bits (1 <= idx, idx + n <= 64). */
@@ -257,10 +295,18 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
 #ifdef MALLARD_SECURE
   int want = kind == PAGE_LARGE ? WANT_FULL : kind == PAGE_SMALL && span_wants_guard(pg) ? WANT_TAIL : WANT_OPEN;
   prot_plan_t plan = prot_plan(pg, slots, want);
+  uint64_t next_bit = 0;
+  uint8_t *next_guard = kind == PAGE_SMALL && want == WANT_OPEN ? next_guard_plan(pg, &next_bit) : NULL;
 #endif
   mld_arena_maybe_purge(a, mld_now_ms());
   arena_unlock(a);
 #ifdef MALLARD_SECURE
+  if (next_guard) MLD_RACE_WINDOW();   /* its bit set, the page not closed yet: another thread may take the page */
+  if (next_guard && mprotect(next_guard, MLD_OS_PAGE, PROT_NONE) != 0) {   /* only missing: as prot_apply does */
+    arena_lock(a);
+    segment_of(pg)->prot_tail &= ~next_bit;
+    arena_unlock(a);
+  }
   bool closed;
   if (!prot_apply(a, &plan, &closed)) {   /* unusable: back to the free spans, all of it counted as protected */
     arena_lock(a);
@@ -552,7 +598,7 @@ uint64_t mld_arena_next_due(arena_t *a, bool *dirty) {
 }
 
 #include "stats.h"
-/* An arena's counters as the report shows them (also from another process's copy: live.c). */
+/* An arena's counters as the report shows them (this process's, under the arena lock). */
 void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s) {
   s->nthreads = a->nthreads;
   s->nthreads_total = a->nthreads_total;

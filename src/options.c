@@ -48,7 +48,13 @@ static const opt_desc_t descs[] = {
   { "abort_conf", T_BOOL, 0, 1, "true or false" },
   { "stats_print", T_BOOL, 0, 1, "true or false" },
   { "stats_print_opts", T_STR, 0, 15, "letters: J (JSON), a (no per-arena), b (no per-class)" },
-  { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS, "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16)" },
+#ifdef MALLARD_SECURE
+  { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS,
+    "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16; a page holds a block besides its 4 KiB guard page)" },
+#else
+  { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS,
+    "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16; a page holds a block)" },
+#endif
   { "page_cache", T_UINT, 0, 64, "an integer 0..64 (empty 64 KiB pages kept per thread)" },
   { "huge_cache_max", T_SIZE, 0, 1L << 40, "a size in bytes, with optional K, M or G (0: no cache)" },
   /* the secure variant's defences (parsed by apply_secure): the fast variant takes only their "off" values */
@@ -79,7 +85,7 @@ static const opt_desc_t descs[] = {
   { "prof_leak", T_PROF, 0, 1, "true or false" },
   { "prof_prefix", T_PROF, 1, MLD_PROF_PREFIX_MAX - 1, "a path prefix of 1..255 bytes, without ',' (dumps: PREFIX.PID.SEQ.pb.gz)" },
   { "prof_interval", T_PROF, 0, 1L << 40, "a size in bytes, with optional K, M or G (0: off)" },
-  { "prof_signal", T_PROF, 0, 64, "a signal name such as SIGUSR2 or USR2, or none" },
+  { "prof_signal", T_PROF, 0, 64, "a signal name such as SIGUSR2 or USR2, a number 1-31 or SIGRTMIN..SIGRTMAX (34-64 with glibc), or none" },
   { "prof_seed", T_PROF, 0, 0, "an integer >= 0 (0: random)" },
 };
 #define NDESCS (sizeof descs / sizeof descs[0])
@@ -214,6 +220,16 @@ static bool parse_bool(const char *v, size_t n, bool *out) {
   return false;
 }
 
+/* What a page of the secure variant may lose to its guard page (guard slabs: any page may get one, arena.c): a page
+ * must hold a block besides it, whatever guard_slab_interval says (the value means the same in any order of
+ * options). Below MLD_SLOT_SIZE: slots * MLD_SLOT_SIZE - SLAB_GUARD_BYTES cannot wrap for slots >= 1. */
+#ifdef MALLARD_SECURE
+#define SLAB_GUARD_BYTES ((size_t)MLD_OS_PAGE)
+#else
+#define SLAB_GUARD_BYTES ((size_t)0)
+#endif
+_Static_assert(SLAB_GUARD_BYTES < MLD_SLOT_SIZE, "a page of one slot keeps room besides its guard page");
+
 /* slab_sizes: "LO-HI:SLOTS|LO-HI:SLOTS": every class whose size lies in [LO, HI] gets pages of SLOTS slots. */
 static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) {
   unsigned tmp[MLD_NUM_CLASSES];
@@ -232,7 +248,7 @@ static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) 
     if (lo > hi || slots < 1 || slots > MLD_MAX_PAGE_SLOTS) return false;
     for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
       if ((long)mld_class_size[c] >= lo && (long)mld_class_size[c] <= hi) {
-        if ((size_t)slots * MLD_SLOT_SIZE < mld_class_size[c]) return false;   /* a page must hold a block */
+        if ((size_t)slots * MLD_SLOT_SIZE - SLAB_GUARD_BYTES < mld_class_size[c]) return false;   /* >= 1 block */
         tmp[c] = (unsigned)slots;
       }
     p = bar ? bar + 1 : end;
