@@ -104,20 +104,21 @@ static MLD_NOINLINE void junk_small(page_t *pg, void *p) {
 
 /* The owner emptied a page that does not stay: it goes to the page cache or its arena (heap.c). */
 static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
-  mld_page_retire(h, pg);
+  mld_page_retire_owner(h, pg);
   mld_huge_cache_age();
 }
 
 /* The owner frees into a page whose owner_slow is set (the fast path tests in_full and junk_free at once): the
  * block is filled under junk:free, then it goes to a parked page's locked path (heap.c), or as the fast path does.
- * Only the owner parks its pages, so in_full read 0 here stays 0 while this runs (a sweep only clears it). */
+ * in_full read 0 here stays 0 while this runs: the owner parks its pages under its own lock, and a sweep parks only
+ * a page of which the owner holds no block (heap.c sweep_unparked), so not the page of the block being freed. */
 static MLD_NOINLINE void owner_free_slow(void *p) {
   page_t *pg = page_of(segment_of(p), p);
   if (pg->junk_free) junk_small(pg, p);
   if (pg->in_full) { mld_free_parked(p); return; }
   heap_t *h = mld_tls_heap;
   mld_owner_push(h, pg, p);
-  if (--pg->used == 0 && !pg->keep_on_empty) retire(h, pg);
+  if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) retire(h, pg);   /* last write into the page */
 }
 
 /* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
@@ -155,8 +156,10 @@ static inline void dealloc(void *p) {
       return;
     }
     mld_owner_push(h, pg, b);
-    /* empty, and not the current page that may stay (heap.c: make_current) */
-    if (unlikely(--pg->used == 0) && !pg->keep_on_empty) retire(h, pg);
+    /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to
+     * the page's published remote frees knows this free is done (heap.c sweep_unparked). Empty, and not the
+     * current page that may stay (heap.c: make_current): retired. */
+    if (unlikely(mld_used_release_dec(pg) == 0) && !pg->keep_on_empty) retire(h, pg);
     return;
   }
   free_not_own(seg, pg, p);

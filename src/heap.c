@@ -58,8 +58,17 @@ static void park(heap_t *h, unsigned c, page_t *pg) {
  * owner's free fast path (one byte test instead of a current[] load and a keep_check test). */
 static void make_current(heap_t *h, unsigned c, page_t *pg) {
   page_t *old = h->current[c];
-  if (old != pg && old != &mld_page_empty) old->keep_on_empty = 0;
-  if (pg != &mld_page_empty) pg->keep_on_empty = !pg->keep_check;
+  if (old != pg && old != &mld_page_empty) {
+    old->keep_on_empty = 0;
+    /* Sends into it asked for no sweep while it was current, later ones will (outbox.c): one is due if any waits
+     * (a page just parked was checked by park). The store, then the load: a full barrier between (xchg). */
+    __atomic_exchange_n(&old->is_current, 0, __ATOMIC_SEQ_CST);
+    if (!old->in_full && mld_page_remote_waiting(old)) mld_sweep_want();
+  }
+  if (pg != &mld_page_empty) {
+    pg->keep_on_empty = !pg->keep_check;
+    __atomic_store_n(&pg->is_current, 1, __ATOMIC_RELAXED);
+  }
   h->current[c] = pg;
 }
 
@@ -436,8 +445,8 @@ static bool keep_empty(heap_t *h, page_t *pg) {
 /* The owner freed a block of a parked (full) page, or the last block of a page. A parked page returns to the
  * class list; an empty page goes to the page cache or back to the arena, unless it is the only page of a
  * one-slot class (kept: a malloc/free loop must not thrash). Empty multi-slot pages always leave, so that
- * at most a 64 KiB page per small class stays with an idle thread. A parked page is retired under the heap lock
- * (mld_free_parked); an unparked one without it: a sweep touches only full lists and parked pages. */
+ * at most a 64 KiB page per small class stays with an idle thread. Under the heap lock: a sweep walks the class
+ * lists too (sweep_unparked), and the class lists and `current` change only under it. */
 void mld_page_retire(heap_t *h, page_t *pg) {
   unsigned c = pg->size_class;
   if (pg->in_full) {
@@ -450,6 +459,13 @@ void mld_page_retire(heap_t *h, page_t *pg) {
   list_remove(&h->avail[c], pg);
   set_current(h, c);
   page_release_or_cache(h, pg);
+}
+
+/* The owner's free fast path emptied a page that may not stay (api.c): retired under the heap lock. */
+void mld_page_retire_owner(heap_t *h, page_t *pg) {
+  mld_spin_lock(&h->lock);
+  mld_page_retire(h, pg);
+  mld_spin_unlock(&h->lock);
 }
 
 /* The owner frees a block of one of its parked pages: under the heap lock, since a sweep may be giving the
@@ -525,11 +541,40 @@ static size_t sweep_parked(heap_t *h) {
   return bytes;
 }
 
-/* Has a parked page of h received remote frees (heap lock held)? */
+/* Pages of the class lists that other threads have emptied are parked, so that sweep_parked gives them back (heap
+ * lock held, by a thread that may not be the owner). Such a page is not `current` (the malloc fast path pops from
+ * current pages only; `current` changes only under the lock), so the owner's fast paths reach it only by freeing a
+ * block of it that it still holds. Every block of it that is handed out waits as a published remote free exactly
+ * when the count of those equals `used`: that count only grows while the lock is held (only holders of the lock
+ * collect), and `used` only falls (the owner's frees), so a count read before `used` that equals it proves the
+ * owner holds none. Read with acquire: `used` is the last thing an owner's free writes (a release store, api.c), so
+ * whatever that free wrote into the page is done. From then on the owner cannot reach the page (a double free
+ * aside); parking it sends any later owner free to the locked path all the same. Pages whose blocks still wait in
+ * an outbox (the secure variant: in an owed word) are counted in `used` and not published: they stay. */
+static void sweep_unparked(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    for (page_t *pg = h->avail[c].head, *next; pg; pg = next) {
+      next = pg->next;
+      if (pg == h->current[c]) continue;
+      size_t n = mld_page_remote_published(pg);
+      if (n == 0 || n != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) continue;
+      MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it holds no block of this page */
+      list_remove(&h->avail[c], pg);
+      set_in_full(pg, 1);
+      list_push_tail(&h->full[c], pg);
+    }
+  }
+}
+
+/* Has a parked page, or a page of the class lists other than a current one, received remote frees (heap lock
+ * held)? */
 static bool parked_pending(heap_t *h) {
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     for (page_t *pg = h->full[c].head; pg; pg = pg->next)
       if (mld_page_remote_waiting(pg)) return true;
+    for (page_t *pg = h->avail[c].head; pg; pg = pg->next)
+      if (pg != h->current[c] && mld_page_remote_waiting(pg)) return true;
+  }
   return false;
 }
 
@@ -574,7 +619,10 @@ size_t mld_heaps_sweep(bool force) {
     if (!mld_spin_trylock(&h->lock)) { busy = true; continue; }
     /* An owner that refilled within the delay will find its parked pages itself (and reuse them). */
     uint64_t last = atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed);
-    if (force || (last <= now && now - last >= age)) bytes += sweep_parked(h);
+    if (force || (last <= now && now - last >= age)) {
+      sweep_unparked(h);
+      bytes += sweep_parked(h);
+    }
     else busy |= parked_pending(h);
     mld_spin_unlock(&h->lock);
   }
@@ -589,11 +637,25 @@ void mld_heaps_lock(void) { mld_exit_heap_lock(); pthread_mutex_lock(&mld_heaps_
 void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); mld_exit_heap_unlock(); }
 
 /* In the child only the forking thread lives. The other threads' heaps may have been mid-update (their owners
- * change them without locks), so they are left alone: their pages stay allocated in the child, as in jemalloc
- * and mimalloc. Their statistics remain readable. */
+ * change them without locks, and hold their heap lock in slow paths), so their pages, lists and outboxes are left
+ * alone: their pages stay allocated in the child, as in jemalloc and mimalloc, and their pending batches are not
+ * sent (a half-written outbox entry cannot be told from a whole one). They leave the registry: a sweep would find
+ * the lock of a heap caught in a slow path held for ever and ask for another sweep every decay period, and
+ * nothing of theirs can come back anyway. Their counters are folded into the dead threads' record, so the
+ * statistics keep them. */
 void mld_heaps_fork_child(void) {
   pthread_mutex_init(&mld_heaps_mutex, NULL);
   mld_exit_heap_fork_child();
+  for (heap_t *o = mld_heaps_all, *next; o; o = next) {
+    next = o->next_all;
+    if (o == mld_tls_heap) continue;
+    mld_stats_add(&mld_dead_stats, &o->stats);
+    o->arena->nthreads--;
+    o->live = false;
+    if (o->prev_all) o->prev_all->next_all = o->next_all; else mld_heaps_all = o->next_all;
+    if (o->next_all) o->next_all->prev_all = o->prev_all;
+    o->next_all = o->prev_all = NULL;   /* never reused: its pages are still its */
+  }
   /* The forking thread lives on with another thread id: its heap's robust `life` is made anew and held again
    * (the parent's copy names the parent's thread, which a child thread could never unlock). */
   heap_t *h = mld_tls_heap;

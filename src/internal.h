@@ -83,6 +83,9 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint8_t zero;                          /* free span or large block: memory known to be zero */
   uint8_t guarded;                       /* secure: small page whose last OS page is a guard; large block in the
                                           * quarantine that was made PROT_NONE whole (large.c) */
+  uint8_t is_current;                    /* small page: its owner's current page of its class (written under the
+                                          * heap lock; read by remote senders: a send into another page asks for
+                                          * a sweep, outbox.c) */
   union {
     struct {                             /* a large block or a free span */
       void *user;                        /* large block: the pointer handed out (checked on free) */
@@ -156,6 +159,30 @@ static inline bool mld_round(size_t x, size_t a, size_t *out) {
   return true;
 }
 
+/* The owner's free takes a block back from its page: `used` falls by one, the last write of the free into the page,
+ * with release semantics, so that a sweep which reads it (acquire) equal to the page's published remote frees knows
+ * the free is done (heap.c sweep_unparked). On x86-64 a store is never reordered with earlier stores: a compiler
+ * barrier makes the plain decrement a release (one `sub` with memory, as before: the fast path keeps its count of
+ * instructions); elsewhere, and under ThreadSanitizer (which must see the release), an atomic release store. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MLD_TSAN_BUILD 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define MLD_TSAN_BUILD 1
+#endif
+static inline uint32_t mld_used_release_dec(page_t *pg) {
+#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
+  atomic_signal_fence(memory_order_release);   /* compiler barrier: the free's earlier writes are emitted first */
+  return --pg->used;
+#else
+  uint32_t used = pg->used - 1;
+  __atomic_store_n(&pg->used, used, __ATOMIC_RELEASE);
+  return used;
+#endif
+}
+
 /* ---- race-window widening (test builds with MALLARD_RACE_DELAY): a short random pause where memory changes hands */
 #ifdef MALLARD_RACE_DELAY
 MLD_HIDDEN void mld_race_delay(void);
@@ -209,9 +236,14 @@ typedef struct outbox_s {
     struct {
       block_t *head, *tail;              /* the chain, linked through block->next */
     };
-    uint64_t summary;                    /* secure: the page's summary bits of the words this thread found empty */
+    uint64_t summary;                    /* secure: bits of one summary word of the page (`sword`): the remote
+                                          * words this thread found empty */
   };
-  uint32_t count, bytes;
+  uint32_t count;
+  union {
+    uint32_t bytes;                      /* fast variant: bytes in the chain */
+    uint32_t sword;                      /* secure: which summary word of the page (the slot in the page) */
+  };
 } outbox_t;
 
 typedef struct heap_s {
@@ -404,6 +436,7 @@ MLD_HIDDEN bool mld_page_collect(page_t *pg);
 MLD_HIDDEN bool mld_page_extend(page_t *pg);
 MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
 MLD_HIDDEN bool mld_page_remote_waiting(const page_t *pg);          /* remote frees wait to be collected */
+MLD_HIDDEN size_t mld_page_remote_published(const page_t *pg);     /* blocks a collection would take now */
 MLD_HIDDEN bool mld_page_refill(page_t *pg);
 
 /* background.c */
@@ -423,7 +456,8 @@ extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads pas
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
 MLD_HIDDEN void mld_free_remote(page_t *pg, void *p);             /* a block of another thread's small page */
 MLD_HIDDEN void mld_free_parked(void *p);          /* the owner frees a block of one of its parked pages */
-MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);
+MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);            /* heap lock held */
+MLD_HIDDEN void mld_page_retire_owner(heap_t *h, page_t *pg);      /* the owner's fast path emptied pg: takes the lock */
 MLD_HIDDEN heap_t *mld_heap_get(void);
 MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
 MLD_HIDDEN size_t mld_heaps_sweep(bool force);                    /* idle heaps' parked pages, exit heap, dead heaps */

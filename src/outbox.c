@@ -3,8 +3,9 @@
 #include "secure.h"
 
 /* What a remote free must ask for once its blocks are published, read before (nothing of the page is touched
- * after): a reap of its arena when the page's owner exited; a sweep for a parked page (its owner allocates
- * elsewhere) or a page of the exit heap (nobody allocates from it but under its lock), which may otherwise stay
+ * after): a reap of its arena when the page's owner exited; a sweep for a page that is not its owner's current
+ * one, parked or not (its owner allocates elsewhere: heap.c make_current asks for the frees sent before) or a page
+ * of the exit heap (nobody allocates from it but under its lock), which may otherwise stay
  * unvisited for long: a sweep returns it once it is empty. */
 typedef struct remote_notice_s {
   arena_t *reap;
@@ -14,7 +15,8 @@ typedef struct remote_notice_s {
 static inline remote_notice_t remote_notice(page_t *pg) {
   heap_t *owner = atomic_load_explicit(&pg->heap, memory_order_relaxed);
   remote_notice_t n = { owner == NULL ? segment_of(pg)->arena : NULL, false };
-  n.sweep = owner != NULL && (__atomic_load_n(&pg->in_full, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
+  n.sweep = owner != NULL && (__atomic_load_n(&pg->in_full, __ATOMIC_RELAXED) ||
+                              !__atomic_load_n(&pg->is_current, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
   return n;
 }
 
@@ -43,12 +45,12 @@ void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
   remote_notify(notice);
 }
 #else
-/* Publish the summary bits `summary` of pg (the words whose first waiting free this thread made). Until then no
- * block of those words can be collected, so the page stays in use: its summary may be written. After, nothing of
- * the page is touched. */
-static void publish(page_t *pg, uint64_t summary) {
+/* Publish the bits `summary` of pg's summary word `sword` (the words whose first waiting free this thread made).
+ * Until then no block of those words can be collected (no other summary bit names them: secure.h), so the page
+ * stays in use: its summary may be written. After, nothing of the page is touched. */
+static void publish(page_t *pg, size_t sword, uint64_t summary) {
   remote_notice_t notice = remote_notice(pg);
-  atomic_fetch_or_explicit(remote_summary(pg), summary, memory_order_release);
+  atomic_fetch_or_explicit(remote_summary(pg) + sword, summary, memory_order_release);
   MLD_RACE_WINDOW();   /* published: nothing of the page may be touched from here on */
   remote_notify(notice);
 }
@@ -75,7 +77,7 @@ static void send(outbox_t *e) {
 #ifndef MALLARD_SECURE
   mld_remote_push(pg, e->head, e->tail, e->count);
 #else
-  publish(pg, e->summary);
+  publish(pg, e->sword, e->summary);
 #endif
 }
 
@@ -122,17 +124,20 @@ void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
  * debt is batched per page like the fast variant's chains: one locked `or` for up to MLD_OUTBOX_WORDS words. */
 void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b) {
   uint64_t sbit = remote_summary_bit(pg, b);
+  size_t sword = remote_summary_index(pg, b);   /* < pg->slot_count: b lies in one of the page's slots */
   bool owed = secure_remote_release(pg, b) == 0;   /* else the word is owed or published already */
   if (unlikely(h == &mld_heap_empty)) {   /* a thread past its destructor: at once */
-    if (owed) publish(pg, sbit);
+    if (owed) publish(pg, sword, sbit);
     return;
   }
   if (owed) {
     MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
-    outbox_t *e = outbox_slot(h, pg);
-    if (e->page != pg) {
+    /* The slot of the descriptor of b's own slot: a multi-slot page's summary words batch in slots of their own. */
+    outbox_t *e = outbox_slot(h, pg + sword);
+    if (e->page != pg || e->sword != sword) {
       if (e->page) send(e);
       e->page = pg;
+      e->sword = (uint32_t)sword;
       e->summary = 0;
       e->count = 0;
     }

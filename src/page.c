@@ -11,7 +11,8 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->free = NULL;
   atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
 #ifdef MALLARD_SECURE
-  atomic_store_explicit(remote_summary(pg), 0, memory_order_relaxed);   /* its remote words are clear (page_leave) */
+  for (size_t j = 0; j < pg->slot_count; j++)   /* its remote words are clear (page_leave) */
+    atomic_store_explicit(remote_summary(pg) + j, 0, memory_order_relaxed);
 #endif
   pg->used = 0;
   pg->capacity = 0;
@@ -22,6 +23,7 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->junk_free = (mld_opt.junk & MLD_JUNK_FREE) != 0;   /* owner frees take the slow path, which fills (api.c) */
   pg->keep_check = pg->slot_count > 1;
   pg->keep_on_empty = 0;
+  __atomic_store_n(&pg->is_current, 0, __ATOMIC_RELAXED);
   pg->next = pg->prev = NULL;
 #ifdef MALLARD_SECURE
   mld_secure_page_keys(pg);   /* used == 0: no block holds a link or a canary made with the old keys */
@@ -99,19 +101,18 @@ static void push_rotated(page_t *pg, block_t **order, size_t n) {
  * blocks go on the free list in address order from a random one of them (push_rotated). */
 size_t mld_page_collect_remote(page_t *pg) {
   _Atomic(uint64_t) *summary = remote_summary(pg);
-  if (atomic_load_explicit(summary, memory_order_relaxed) == 0) return 0;
-  uint64_t sum = atomic_exchange_explicit(summary, 0, memory_order_acquire);
-  MLD_RACE_WINDOW();   /* the summary taken, its words not yet: frees into them find them non-empty, publish nothing */
-  const unsigned shift = remote_summary_shift(pg->slot_count);
-  const size_t words = bm_page_words(pg), bs = pg->block_size;
+  const size_t nsum = pg->slot_count, bs = pg->block_size;
   const uint64_t key = pg->list_key;
   uint8_t *start = page_start(pg);
   uint64_t *live = bm_word(start);   /* the page's first live word: pages start on slots, words do not straddle */
   block_t *order[256];   /* linked in runs of up to 256 (2 KiB of stack: a refill carves with 8 KiB after this) */
   size_t k = 0, n = 0;
-  for (; sum; sum &= sum - 1) {
-    size_t w = (size_t)__builtin_ctzll(sum) << shift, end = w + ((size_t)1 << shift);
-    for (end = end < words ? end : words; w < end; w++) {
+  for (size_t j = 0; j < nsum; j++) {   /* a summary word per slot of the page (secure.h) */
+    if (atomic_load_explicit(summary + j, memory_order_relaxed) == 0) continue;
+    uint64_t sum = atomic_exchange_explicit(summary + j, 0, memory_order_acquire);
+    MLD_RACE_WINDOW();   /* the summary taken, its words not yet: frees into them find them non-empty, publish nothing */
+    for (; sum; sum &= sum - 1) {
+      size_t w = (j << (MLD_SLOT_SHIFT - MLD_BM_WORD_SHIFT)) + (size_t)__builtin_ctzll(sum);   /* its one word */
       uint64_t *rw = bm_remote_word(live + w);
       if (!bm_load(rw)) continue;
       uint64_t m = bm_remote_take(rw), v = bm_load(live + w);
@@ -137,8 +138,27 @@ size_t mld_page_collect_remote(page_t *pg) {
   return n;
 }
 
+/* Blocks whose remote frees a collection would take now: the bits of the words the page's summary names (an owed
+ * word, not named yet, is not counted). Exact while no collection runs (the caller holds the heap lock): bits are
+ * only added meanwhile, so the count read never exceeds what waits. */
+size_t mld_page_remote_published(const page_t *pg) {
+  _Atomic(uint64_t) *summary = remote_summary(pg);
+  uint64_t *live = bm_word(page_start(pg));
+  size_t n = 0;
+  for (size_t j = 0; j < pg->slot_count; j++) {
+    for (uint64_t sum = atomic_load_explicit(summary + j, memory_order_acquire); sum; sum &= sum - 1) {
+      size_t w = (j << (MLD_SLOT_SHIFT - MLD_BM_WORD_SHIFT)) + (size_t)__builtin_ctzll(sum);
+      n += (size_t)__builtin_popcountll(bm_load(bm_remote_word(live + w)));
+    }
+  }
+  return n;
+}
+
 bool mld_page_remote_waiting(const page_t *pg) {
-  return atomic_load_explicit(remote_summary(pg), memory_order_relaxed) != 0;
+  const _Atomic(uint64_t) *summary = remote_summary(pg);
+  for (size_t j = 0; j < pg->slot_count; j++)
+    if (atomic_load_explicit(summary + j, memory_order_relaxed) != 0) return true;
+  return false;
 }
 #else
 /* Take every remote free of the page; returns how many blocks came back. Batch by batch (outbox.c): each batch's
@@ -164,6 +184,19 @@ size_t mld_page_collect_remote(page_t *pg) {
 
 bool mld_page_remote_waiting(const page_t *pg) {
   return atomic_load_explicit(&pg->thread_free, memory_order_relaxed) != NULL;
+}
+
+/* Blocks whose remote frees a collection would take now, counted batch by batch without taking them. Exact while
+ * no collection runs (the caller holds the heap lock): batches are only pushed on top meanwhile, and a pushed
+ * batch is never written again (acquire: every push up to the head read is visible, its links included). */
+size_t mld_page_remote_published(const page_t *pg) {
+  size_t n = 0;
+  for (block_t *b = atomic_load_explicit(&pg->thread_free, memory_order_acquire); b;) {
+    uintptr_t meta = ((uintptr_t *)b)[1];
+    n += meta >> MLD_BATCH_COUNT_SHIFT;
+    b = ((block_t *)(meta & (((uintptr_t)1 << MLD_BATCH_COUNT_SHIFT) - 1)))->next;
+  }
+  return n;
 }
 #endif
 

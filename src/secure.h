@@ -17,8 +17,9 @@ _Static_assert(MLD_GUARD_OFFSET < MLD_FIRST_SLOT * MLD_SLOT_SIZE, "bitmaps and g
 /* Defaults of the secure variant's options guard_slab_interval, secure_noaccess_min, large_quarantine,
  * delayed_reuse and shuffle (options.c; docs/SECURITY.md gives their cost): a build may change a default with -D. */
 #ifndef MLD_GUARD_SLAB_INTERVAL
-#define MLD_GUARD_SLAB_INTERVAL 4            /* a small page whose span ends on a multiple of this many slots ends
-                                              * in a guard page (hardened_malloc's guard slabs); 0: none */
+#define MLD_GUARD_SLAB_INTERVAL 4            /* guard pages among small pages at most max(this, the page's slots)
+                                              * slots apart (arena.c span_wants_guard; hardened_malloc's guard
+                                              * slabs); 0: none */
 #endif
 #ifndef MLD_SECURE_NOACCESS_MIN
 #define MLD_SECURE_NOACCESS_MIN (256 * 1024) /* freed large blocks from this size PROT_NONE, huge ones moved away */
@@ -189,21 +190,28 @@ static inline uint64_t bm_remote_set(const void *p) {
 static inline uint64_t bm_remote_take(uint64_t *remote_word) { return __atomic_exchange_n(remote_word, 0, __ATOMIC_ACQUIRE); }
 
 /* ---- remote summaries ----
- * A small page's summary word, on a cache line of its own in slot 0 (not on the page descriptor, whose first line
- * the owner's fast paths read): bit i set means its remote words [i << s, (i + 1) << s) may hold bits, s =
- * remote_summary_shift (64 words a slot; a page of up to 16 slots shares a bit among up to 16 words). Set by the
- * remote free that found a word empty, after setting its own bit; taken whole by the holder, which then takes each
- * word of a taken bit whole. A set remote bit is always reached through a summary bit set after it: its own, or
- * that of the free which found the word empty, whose bit stays in the word until the holder takes the word whole. */
+ * A small page's summary: one word per slot of the page, bit k of word j standing for the page's remote word
+ * j * 64 + k (a slot spans 64 bitmap words), so that every summary bit names exactly one remote word. The words lie
+ * in slot 0, on the cache lines of the page's own slots (word j of a page starting at slot s: line s, word j; a
+ * 16-slot page's words 8-15 run into line s + 1, which is its own slot's line too): no two pages share a line, and
+ * remote frees never write the page descriptor, whose first line the owner's fast paths read. Set by the remote
+ * free that found its word empty, after setting its own bit; each summary word taken whole by the holder, which then
+ * takes each word of a taken bit whole. A set remote bit is always reached through a summary bit set after it: its
+ * own, or that of the free which found the word empty, whose bit stays in the word until the holder takes the word
+ * whole. Invariant: a word owed to the summary (found empty, its bit not yet published) cannot be reached, since
+ * no other bit names it: its blocks stay counted in `used`, and the page stays in use until the bit is sent. (A
+ * bit shared by several words, as once, let a collection reach an owed word through another word's bit: the page
+ * emptied and was released before the late send wrote its summary.) */
 static inline _Atomic(uint64_t) *remote_summary(const page_t *pg) {
   return (_Atomic(uint64_t) *)((uintptr_t)segment_of(pg) + MLD_SUMMARY_OFFSET + slot_index(pg) * MLD_CACHE_LINE);
 }
-static inline unsigned remote_summary_shift(uint32_t slot_count) {
-  return slot_count <= 1 ? 0 : 64 - (unsigned)__builtin_clzll((uint64_t)slot_count - 1);   /* 2^s >= slot_count */
+/* The summary word (index into remote_summary(pg)) of the remote word holding block b of pg: its slot in the page. */
+static inline size_t remote_summary_index(const page_t *pg, const void *b) {
+  return ((uintptr_t)b - pg->start) >> MLD_SLOT_SHIFT;
 }
-/* The summary bit of the word holding block b of pg. */
+/* The summary bit, in that word, of the remote word holding block b. */
 static inline uint64_t remote_summary_bit(const page_t *pg, const void *b) {
-  return (uint64_t)1 << ((((uintptr_t)b - pg->start) >> MLD_BM_WORD_SHIFT) >> remote_summary_shift(pg->slot_count));
+  return (uint64_t)1 << ((((uintptr_t)b - pg->start) >> MLD_BM_WORD_SHIFT) & 63);
 }
 
 /* ---- canaries: the last 8 bytes of a small block, beyond its usable size ----

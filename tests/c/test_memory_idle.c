@@ -4,6 +4,9 @@
  *   idle-owner   64 MiB of 1000-byte blocks of a live but idle producer, all freed by another thread: back
  *                after the decay delay with the purging thread; idle-owner-trim: at once by malloc_trim(0)
  *                without it.
+ *   idle-unparked  the same, but the producer first frees one block of each of its pages itself (issue 36 bug 2):
+ *                each page leaves the full list for the class list, where sweeps once never looked; back after
+ *                the decay delay with the purging thread; idle-unparked-trim: at once by malloc_trim(0).
  * The configuration (decay, background thread) comes from MALLARD_CONF in CMakeLists.txt. */
 #include "mtest.h"
 #include <limits.h>
@@ -101,6 +104,7 @@ static void **io_blocks;
 static pthread_mutex_t io_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t io_cond = PTHREAD_COND_INITIALIZER;
 static int io_state;                        /* 1: blocks ready; 2: the producer may exit */
+static bool io_unpark;                      /* the producer frees one block of each of its pages (NULL in io_blocks) */
 
 static void *io_producer(void *arg) {
   (void)arg;
@@ -108,6 +112,15 @@ static void *io_producer(void *arg) {
     io_blocks[i] = M_malloc(BLOCK);
     REQUIRE(io_blocks[i], "malloc");
     memset(io_blocks[i], 0x3C, BLOCK);
+  }
+  /* One owner free into each 64 KiB of blocks: every page filled so far is parked, and such a free puts it back
+   * on its class list, with its other blocks still in use. */
+  for (uintptr_t i = 0, last = 0; io_unpark && i < NBLOCKS; i++) {
+    uintptr_t region = (uintptr_t)io_blocks[i] >> 16;
+    if (region == last) continue;
+    last = region;
+    M_free(io_blocks[i]);
+    io_blocks[i] = NULL;
   }
   pthread_mutex_lock(&io_lock);
   io_state = 1;
@@ -127,7 +140,7 @@ static void case_idle_owner(bool trim) {
   while (io_state != 1) pthread_cond_wait(&io_cond, &io_lock);
   pthread_mutex_unlock(&io_lock);
   long peak = mt_status_kb("VmRSS:");
-  for (size_t i = 0; i < NBLOCKS; i++) M_free(io_blocks[i]);   /* every free is a remote free */
+  for (size_t i = 0; i < NBLOCKS; i++) M_free(io_blocks[i]);   /* every free is a remote free (or of NULL) */
   long limit = mt_rss_limit(rss0, 4 * 1024);
   long rss;
   int trimmed = -1;
@@ -137,7 +150,8 @@ static void case_idle_owner(bool trim) {
   } else {
     rss = mt_wait_rss(limit, 5.0);
   }
-  printf("idle-owner%s: VmRSS start %ld KiB, peak %ld KiB, %s %ld KiB (limit %ld KiB)\n", trim ? "-trim" : "", rss0,
+  printf("idle-%s%s: VmRSS start %ld KiB, peak %ld KiB, %s %ld KiB (limit %ld KiB)\n", io_unpark ? "unparked" : "owner",
+         trim ? "-trim" : "", rss0,
          peak, trim ? "right after malloc_trim(0)" : "within 5 s of the last free", rss, limit);
   CHECK(peak > rss0 + 50 * 1024, "the blocks were not resident (peak %ld KiB)", peak);
   CHECK(rss <= limit, "blocks freed into an idle owner's pages stayed resident: %ld KiB > %ld KiB", rss, limit);
@@ -158,6 +172,11 @@ int main(int argc, char **argv) {
   else if (!strcmp(c, "late-heaps")) case_late_heaps();
   else if (!strcmp(c, "idle-owner")) case_idle_owner(false);
   else if (!strcmp(c, "idle-owner-trim")) case_idle_owner(true);
-  else { fprintf(stderr, "usage: test_memory_idle exit-heap | late-heaps | idle-owner | idle-owner-trim\n"); return 2; }
+  else if (!strcmp(c, "idle-unparked")) { io_unpark = true; case_idle_owner(false); }
+  else if (!strcmp(c, "idle-unparked-trim")) { io_unpark = true; case_idle_owner(true); }
+  else {
+    fprintf(stderr, "usage: test_memory_idle exit-heap | late-heaps | idle-owner[-trim] | idle-unparked[-trim]\n");
+    return 2;
+  }
   return mt_result("test_memory_idle");
 }

@@ -62,7 +62,7 @@ static void child(int which) {
      * page's summary as a remote free would */
     uint8_t *in = (uint8_t *)b + 16;
     __atomic_fetch_or(bm_remote_word(bm_word(in)), (uint64_t)1 << (bm_bit_index(in) & 63), __ATOMIC_RELAXED);
-    atomic_fetch_or(remote_summary(pg), remote_summary_bit(pg, in));
+    atomic_fetch_or(remote_summary(pg) + remote_summary_index(pg, in), remote_summary_bit(pg, in));
   } else {
     mld_remote_free_secure(&mld_heap_empty, pg, b);   /* what another thread's free does (published at once) */
   }

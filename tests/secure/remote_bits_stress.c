@@ -4,7 +4,7 @@
  * page is back to what the owner holds, with no remote bit and an empty summary, and a fresh round hands out no
  * block twice. A bit lost (never reached through the summary) leaves a page with blocks counted as handed out; a
  * bit taken twice is reported by the collection as a double free (abort). Run with guard_sample:0 (CMakeLists.txt):
- * every block on a small page. */
+ * every block on a small page; and background_thread:false: no sweep gives a page of the round back. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "secure.h"
@@ -43,6 +43,15 @@ static int page_index(page_t *pg) {
   return npages++;
 }
 
+/* The owner collects under its heap lock, as its slow path does (run with background_thread:false: no sweep gives
+ * a page of this round back meanwhile, so the pages stay the round's). */
+static void collect(page_t *pg) {
+  heap_t *h = mld_tls_heap;
+  mld_spin_lock(&h->lock);
+  mld_page_collect_remote(pg);
+  mld_spin_unlock(&h->lock);
+}
+
 static int cmp_ptr(const void *a, const void *b) {
   uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
   return x < y ? -1 : x > y;
@@ -74,14 +83,15 @@ int main(void) {
     for (int i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, freer, (void *)(intptr_t)i);
     /* The owner collects while the frees come in (it is the pages' holder: nothing else of its heap runs). */
     while (atomic_load(&done) < THREADS)
-      for (int p = 0; p < npages; p++) mld_page_collect_remote(pages[p]);
+      for (int p = 0; p < npages; p++) collect(pages[p]);
     for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
     for (int p = 0; p < npages; p++) {
       page_t *pg = pages[p];
-      mld_page_collect_remote(pg);
+      collect(pg);
       uint64_t *live = bm_word(page_start(pg)), rest = 0;
       for (size_t w = 0; w < bm_page_words(pg); w++) rest |= bm_load(bm_remote_word(live + w));
-      uint64_t summary = atomic_load(remote_summary(pg));
+      uint64_t summary = 0;
+      for (size_t j = 0; j < pg->slot_count; j++) summary |= atomic_load(remote_summary(pg) + j);
       if (pg->used != held_before[p] - ours[p] || rest || summary) {
         fprintf(stderr, "round %d, %zu-byte blocks, page %p: %u handed out (expected %u), remote bits %#llx, summary %#llx\n",
                 r, size, (void *)page_start(pg), pg->used, held_before[p] - ours[p], (unsigned long long)rest,
