@@ -17,7 +17,7 @@ __thread uint64_t mld_prof_left = (uint64_t)-1;   /* negative in a new thread: i
 static __thread uint64_t tls_rng;            /* xorshift64* state; 0: this thread's countdown not drawn yet */
 static __thread bool tls_fork_holder;        /* this thread holds the profiler lock for fork() */
 _Atomic(uint64_t) mld_prof_nlive;
-int64_t mld_prof_start_ns;
+static int64_t prof_start_ns;                /* CLOCK_REALTIME at start or the last reset (written under the lock) */
 
 static pthread_mutex_t prof_mutex = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(int) boot_state;              /* 0 not yet, 1 in progress, 2 done */
@@ -27,6 +27,7 @@ static _Atomic(uint64_t) seed_ordinal;       /* threads seeded so far (fixed see
 
 /* Counters, under the lock. */
 static uint64_t st_samples, st_bytes, st_stacks, st_metadata;
+static uint64_t reset_gen;                   /* prof.reset calls so far (under the lock): a detached record's epoch */
 
 void mld_prof_options_defaults(void) {
   memset(&mld_prof_opt, 0, sizeof mld_prof_opt);
@@ -39,7 +40,6 @@ void mld_prof_options_defaults(void) {
 /* ---- the lock: fork-aware (the forking thread holds it from prepare to parent/child and takes it no further) ---- */
 void mld_prof_lock(void) { if (!tls_fork_holder) pthread_mutex_lock(&prof_mutex); }
 void mld_prof_unlock(void) { if (!tls_fork_holder) pthread_mutex_unlock(&prof_mutex); }
-bool mld_prof_forking(void) { return tls_fork_holder; }
 
 /* A dlopen in progress (r_state RT_ADD/RT_DELETE): a nested dlopen would fail glibc's consistency assertion. */
 bool mld_prof_safe_context(void) { return !tls_fork_holder && _r_debug.r_state == RT_CONSISTENT; }
@@ -122,7 +122,7 @@ static void boot(void) {
   atomic_store(&prof_mean, mld_prof_opt.sample ? mld_prof_opt.sample : 1);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  mld_prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;   /* before boot_state 2 publishes it */
   mld_self_alloc = true;                       /* pthread_atfork may allocate */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   mld_prof_dump_boot();
@@ -319,15 +319,21 @@ bool mld_prof_detach(const void *p, prof_rec_t *out) {
   live_t e;
   mld_prof_lock();
   bool found = live_remove((uintptr_t)p, &e);
+  uint64_t gen = reset_gen;
   mld_prof_unlock();
-  if (found) { out->stack = e.st; out->weight = e.w; out->size = e.size; }
-  return found;
+  if (!found) return false;
+  *out = (prof_rec_t){ e.st, e.w, e.size, gen };
+  MLD_RACE_WINDOW();   /* test builds: a reset may come while the record is out */
+  return true;
 }
 
 void mld_prof_attach(const void *p, const prof_rec_t *rec) {
   live_t e = { (uintptr_t)p, rec->stack, rec->weight, rec->size };
   mld_prof_lock();
-  if (!live_insert(&e)) unaccount(&e);         /* no room: the block is no longer followed */
+  /* A prof.reset while the block was out (during its mremap) zeroed the counts this record is part of and forgot
+   * every live block: this one is forgotten too (put back, its later free would take its bytes off the counts of
+   * blocks sampled after the reset). */
+  if (rec->gen == reset_gen && !live_insert(&e)) unaccount(&e);   /* no room: the block is no longer followed */
   mld_prof_unlock();
 }
 
@@ -384,16 +390,23 @@ bool mld_prof_reset(size_t mean) {
   atomic_store(&mld_prof_nlive, 0);
   live_tombs += live_used;
   live_used = 0;
+  reset_gen++;
   st_samples = st_bytes = 0;
-  mld_prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
   mld_prof_unlock();
   return true;
 }
 
 size_t mld_prof_snapshot(prof_snap_t **out, size_t *bytes) {
+  int64_t start;
+  return mld_prof_snapshot_at(out, bytes, &start);
+}
+
+size_t mld_prof_snapshot_at(prof_snap_t **out, size_t *bytes, int64_t *start_ns) {
   *out = NULL;
   *bytes = 0;
   mld_prof_lock();
+  *start_ns = prof_start_ns;   /* under the lock: a prof.reset writes it with the counts it zeroes */
   size_t n = 0;
   for (size_t i = 0; i < stack_cap; i++)
     for (prof_stack_t *s = stack_tab[i]; s; s = s->next) n += s->alloc_objects > 0 || s->inuse_objects > 0;

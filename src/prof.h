@@ -48,8 +48,9 @@ MLD_HIDDEN void mld_prof_forget_slow(const void *p);
 static inline void mld_prof_forget(const void *p) {
   if (unlikely(atomic_load_explicit(&mld_prof_nlive, memory_order_relaxed) != 0)) mld_prof_forget_slow(p);
 }
-/* A sampled block's record, taken out while its block moves (huge realloc) and put back at its new address. */
-typedef struct prof_rec_s { void *stack; double weight; uint64_t size; } prof_rec_t;
+/* A sampled block's record, taken out while its block moves (huge realloc) and put back at its new address (unless a
+ * prof.reset came in between: gen is the reset count when it was taken out). */
+typedef struct prof_rec_s { void *stack; double weight; uint64_t size, gen; } prof_rec_t;
 MLD_HIDDEN bool mld_prof_detach(const void *p, prof_rec_t *out);
 MLD_HIDDEN void mld_prof_attach(const void *p, const prof_rec_t *rec);
 
@@ -86,7 +87,6 @@ typedef struct prof_stack_s {
 
 MLD_HIDDEN void mld_prof_lock(void);
 MLD_HIDDEN void mld_prof_unlock(void);
-MLD_HIDDEN bool mld_prof_forking(void);                    /* this thread runs fork() past the profiler's prepare handler */
 MLD_HIDDEN bool mld_prof_safe_context(void);               /* no dlopen in progress, not forking: may load and start things */
 /* prof_stack.c */
 MLD_HIDDEN void mld_prof_unwinder_load(void);              /* once, in a safe context, no lock held */
@@ -94,7 +94,8 @@ MLD_HIDDEN unsigned mld_prof_backtrace(uintptr_t *pcs, unsigned max, uintptr_t r
 /* prof.c: a copy of every stack with non-zero counts, in memory mapped for it (munmap(*out, *bytes) when done). */
 typedef struct prof_snap_s { const prof_stack_t *st; double ao, as, io, is; } prof_snap_t;
 MLD_HIDDEN size_t mld_prof_snapshot(prof_snap_t **out, size_t *bytes);
-extern int64_t mld_prof_start_ns MLD_HIDDEN;               /* CLOCK_REALTIME at start or the last reset */
+/* The same, with the time its counts start from (CLOCK_REALTIME ns at the start or the last reset; read with them). */
+MLD_HIDDEN size_t mld_prof_snapshot_at(prof_snap_t **out, size_t *bytes, int64_t *start_ns);
 /* prof_dump.c */
 MLD_HIDDEN void mld_prof_dump_boot(void);                  /* at profiler start: signal handler */
 MLD_HIDDEN void mld_prof_dump_after_sample(double est_bytes);   /* interval and signal dumps; no lock held */

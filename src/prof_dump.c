@@ -15,7 +15,8 @@
 
 static _Atomic(uint64_t) dump_seq;           /* the SEQ of PREFIX.PID.SEQ.pb.gz */
 static _Atomic(uint64_t) dumps_written;
-static _Atomic(uint64_t) interval_acc;       /* estimated bytes allocated since the last interval dump */
+static _Atomic(uint64_t) interval_acc;       /* estimated bytes toward the next interval dump; always < prof_interval */
+static _Atomic(int) interval_pending;        /* an interval was crossed: the next sample in a safe context dumps */
 static _Atomic(int) signal_pending;          /* set by the signal handler, cleared by whoever dumps */
 static sem_t signal_sem;                     /* posted by the handler (sem_post is async-signal-safe) */
 static _Atomic(int) thread_state;            /* dump thread: 0 none, 1 starting or running */
@@ -46,13 +47,14 @@ static int dump_to(const char *path) {
   bool was_busy = mld_self_alloc;
   mld_self_alloc = true;
   prof_snap_t *a;
-  size_t bytes, n = mld_prof_snapshot(&a, &bytes);
+  int64_t start;
+  size_t bytes, n = mld_prof_snapshot_at(&a, &bytes, &start);
   int err = ENOMEM;
   if (a) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-    mld_pprof_info_t info = { mld_prof_start_ns, now - mld_prof_start_ns, (int64_t)mld_prof_mean() };
+    mld_pprof_info_t info = { start, now - start, (int64_t)mld_prof_mean() };
     iter_t it = { a, n, 0 };
     err = mld_pprof_write_file(path, &info, next_sample, &it);
     munmap(a, bytes);
@@ -105,7 +107,12 @@ void mld_prof_dump_boot(void) {
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
-  sigaction(mld_prof_opt.signal, &sa, NULL);
+  if (sigaction(mld_prof_opt.signal, &sa, NULL) != 0) {
+    int err = errno;
+    mld_message("mallard: prof: prof_signal:%s: cannot install a handler (%s); no profile will be written on that "
+                "signal\n", mld_prof_opt.signame, strerrorname_np(err) ? strerrorname_np(err) : "error");
+    mld_prof_opt.signal = 0;   /* no dump thread, no pending dumps: the signal keeps its default action */
+  }
 }
 
 void mld_prof_dump_fork_child(void) {
@@ -113,9 +120,32 @@ void mld_prof_dump_fork_child(void) {
   if (mld_prof_opt.signal) sem_init(&signal_sem, 0, 0);
 }
 
-/* After each sample, no lock held, mld_self_alloc set. */
+/* prof_interval: adds a sample's estimate; true when it crosses the interval. The counter keeps only the remainder
+ * (below the interval): a sample worth several intervals crosses once, and the next interval starts from what is left
+ * over, so that one sample larger than the interval cannot leave the counter stuck above it. */
+static bool interval_add(double est_bytes) {
+  uint64_t iv = mld_prof_opt.interval;
+  uint64_t add = est_bytes >= 4.0e18 ? (uint64_t)4e18 : est_bytes > 0 ? (uint64_t)est_bytes : 0;
+  uint64_t acc = atomic_load_explicit(&interval_acc, memory_order_relaxed), next;
+  bool crossed;
+  do {
+    uint64_t sum;
+    if (__builtin_add_overflow(acc, add, &sum)) sum = UINT64_MAX;   /* acc < 2^40, add <= 4e18: cannot happen */
+    crossed = sum >= iv;
+    next = crossed ? sum % iv : sum;
+  } while (!atomic_compare_exchange_weak_explicit(&interval_acc, &acc, next, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  return crossed;
+}
+
+/* After each sample, no lock held, mld_self_alloc set. Dumps are written only in a safe context (no dlopen in
+ * progress in any thread, not inside fork): the writer walks the loader's lists (dl_iterate_phdr, dladdr1), which a
+ * dlopen in its mapping phase has half updated. A dump due in an unsafe context waits for the next safe sample (or,
+ * for a signal, the dump thread once it runs); several crossings in the meantime give one dump. */
 void mld_prof_dump_after_sample(double est_bytes) {
-  if (mld_prof_opt.signal && !atomic_load_explicit(&thread_state, memory_order_relaxed) && mld_prof_safe_context()) {
+  if (mld_prof_opt.interval && interval_add(est_bytes)) atomic_store(&interval_pending, 1);
+  if (!mld_prof_safe_context()) return;
+  if (mld_prof_opt.signal && !atomic_load_explicit(&thread_state, memory_order_relaxed)) {
     int expect = 0;
     if (atomic_compare_exchange_strong(&thread_state, &expect, 1)) {
       pthread_attr_t at;
@@ -131,19 +161,12 @@ void mld_prof_dump_after_sample(double est_bytes) {
       pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
   }
-  if (mld_prof_forking()) return;
+  /* a signal that came before the dump thread could start (or when it cannot start): this sample writes it */
   if (mld_prof_opt.signal && atomic_load_explicit(&signal_pending, memory_order_relaxed) &&
       !atomic_load_explicit(&thread_state, memory_order_relaxed) && atomic_exchange(&signal_pending, 0))
     dump_auto(NULL);
-  if (mld_prof_opt.interval) {
-    uint64_t add = est_bytes >= 1.8e19 ? UINT64_MAX / 2 : (uint64_t)est_bytes;
-    uint64_t acc = atomic_fetch_add(&interval_acc, add) + add;
-    /* the thread that crosses the threshold takes the interval off and dumps (one dump per crossing) */
-    if (acc >= mld_prof_opt.interval && acc - add < mld_prof_opt.interval) {
-      atomic_fetch_sub(&interval_acc, mld_prof_opt.interval);
-      dump_auto(NULL);
-    }
-  }
+  if (atomic_load_explicit(&interval_pending, memory_order_relaxed) && atomic_exchange(&interval_pending, 0))
+    dump_auto(NULL);
 }
 
 /* ---- at exit: prof_final, prof_leak ---- */
@@ -224,7 +247,9 @@ int mld_prof_signal_parse(const char *v, size_t n) {
       const char *a = sigabbrev_np(s);
       if (a && strlen(a) == n && !memcmp(a, v, n)) sig = s;
     }
-  if (sig < 1 || sig > SIGRTMAX || sig_refused(sig)) return -1;
+  /* 32 .. SIGRTMIN-1 are glibc's own (thread cancellation, setxid): sigaction refuses them. SIGRTMIN is read at run
+   * time (it is a function of the C library, not a constant). */
+  if (sig < 1 || sig > SIGRTMAX || (sig >= 32 && sig < SIGRTMIN) || sig_refused(sig)) return -1;
   return sig;
 }
 
