@@ -52,13 +52,20 @@ def test_documented_examples_still_hold(index, tmp_path, build):
             continue
         where = f"`{doc.command}`:\n" + "\n".join(real.output)
         assert real.status == doc.status, where
+        # The real output is compared as text, not as line layout: a checkout deep in a long path makes the report
+        # wrap where the documented run did not, so the first line is read on into the lines that continue it.
         d_first, r_first = first_line(doc.output), first_line(real.output)
         if d_first is not None:
-            assert r_first is not None and skeleton(d_first).split(":")[0] == skeleton(r_first).split(":")[0], where
+            assert r_first is not None, where
+            d_key = skeleton(d_first).split(":")[0]
+            r_text = skeleton(" ".join(real.output[real.output.index(r_first):]))
+            # The same words up to the first colon (or the whole first line), then a colon, a space or the end.
+            assert r_text.startswith(d_key) and r_text[len(d_key):][:1] in ((":",) if ":" in d_first else ("", " ")), \
+                where
         doc_labels = {label(l) for l in doc.output} - {None}
         real_labels = {label(l) for l in real.output} - {None}
         assert doc_labels <= real_labels, f"{where}\nmissing: {doc_labels - real_labels}"
         # Error lines (one line each) are compared whole, numbers and paths aside.
         for line in doc.output:
             if line.startswith("mallard: ") and len(doc.output) == 1:
-                assert [skeleton(line)] == [skeleton(x) for x in real.output], where
+                assert skeleton(line) == skeleton(" ".join(real.output)), where
