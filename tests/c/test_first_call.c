@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 
 #ifndef MT_PRELOAD
-#include "internal.h"
+#include "core/core.h"
 static uint8_t *early_block[4];
 static const size_t early_size[4] = { 1000, 37, 5000, 200 };
 static int state_before = -1, state_after = -1;

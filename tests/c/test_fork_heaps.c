@@ -2,7 +2,7 @@
  * fork): another thread's heap whose lock is held at the fork (its owner in a slow path) must not make every sweep
  * in the child ask for another (the purging thread would then wake every decay period for ever). White-box: the lock is taken by this test. */
 #include "mtest.h"
-#include "internal.h"
+#include "core/core.h"
 #include <pthread.h>
 #include <sys/wait.h>
 

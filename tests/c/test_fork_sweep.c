@@ -6,8 +6,8 @@
  * then this thread notifies the idle purging thread, as the sweep does. A watchdog fails the test if that
  * notification never returns. */
 #include "mtest.h"
-#include "internal.h"
-#include "stats.h"
+#include "core/core.h"
+#include "control/control.h"
 #include <pthread.h>
 #include <sys/wait.h>
 

@@ -1,6 +1,7 @@
 /* test_internals.c — unit tests of Mallard's internals: size classes, ownership map, span coalescing, option parsing. */
 #include "mtest.h"
-#include "internal.h"
+#include "core/core.h"
+#include "control/control.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>

@@ -3,7 +3,7 @@
  * prof_seed; the variance of K allocations of s bytes sampled with p = 1 - exp(-s/T) and weighted 1/p is
  * K s^2 (1-p)/p for bytes, K (1-p)/p for blocks). */
 #include "mtest.h"
-#include "prof.h"
+#include "prof/prof.h"
 #include <math.h>
 #include <sys/mman.h>
 

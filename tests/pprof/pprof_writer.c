@@ -10,7 +10,7 @@
  *   pprof-writer errors           EINVAL, EBADF, ENOSPC, ENAMETOOLONG, ENOENT; ENOMEM under a small RLIMIT_AS
  */
 #define _GNU_SOURCE
-#include "prof_pprof.h"
+#include "prof/pprof.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-"""The heap profile writer (src/prof_pprof.c): its gzip'd profile.proto checked with the real reader (go tool pprof),
+"""The heap profile writer (src/prof/pprof.c): its gzip'd profile.proto checked with the real reader (go tool pprof),
 gzip -t, Python's gzip and a small independent protobuf walker. The programs are tests/pprof/pprof_writer.c, built
 twice: with debug info (pprof-writer) and stripped to its dynamic symbols (pprof-writer-stripped)."""
 import gzip

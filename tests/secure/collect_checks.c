@@ -5,8 +5,8 @@
  * of the page not carved yet is reported, not handed out. Run with guard_sample:0 (CMakeLists.txt):
  * every block on a small page. */
 #define _GNU_SOURCE
-#include "internal.h"
-#include "secure.h"
+#include "core/core.h"
+#include "core/secure.h"
 #include <mallard.h>
 #include <signal.h>
 #include <stdio.h>

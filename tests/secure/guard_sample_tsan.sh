@@ -13,9 +13,9 @@ for variant in fast secure; do
   defs=(-DMALLARD_STATS)
   [ "$variant" = secure ] && defs+=(-DMALLARD_SECURE)
   objs=()
-  for s in $srcs api.c; do
-    "$cc" "${flags[@]}" -fvisibility=hidden "${defs[@]}" -c "$root/src/$s" -o "$out/$variant-${s%.c}.o"
-    objs+=("$out/$variant-${s%.c}.o")
+  for s in $srcs api/api.c; do
+    "$cc" "${flags[@]}" -fvisibility=hidden "${defs[@]}" -c "$root/src/$s" -o "$out/$variant-$(basename "${s%.c}").o"
+    objs+=("$out/$variant-$(basename "${s%.c}").o")
   done
   "$cc" "${flags[@]}" -DMT_PREFIX -fno-builtin "$root/tests/secure/guard_stress.c" "${objs[@]}" \
     -o "$out/guard-stress-$variant" -lpthread -ldl

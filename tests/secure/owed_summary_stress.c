@@ -8,8 +8,8 @@
  * send into a released segment faults. Run by CMakeLists.txt under the default slab sizes and docs/OPTIONS.md's
  * examples, in the release and race-delay builds, and by tests/secure/tsan.sh under ThreadSanitizer. */
 #define _GNU_SOURCE
-#include "internal.h"
-#include "secure.h"
+#include "core/core.h"
+#include "core/secure.h"
 #include <mallard.h>
 #include <pthread.h>
 #include <stdio.h>

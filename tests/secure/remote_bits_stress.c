@@ -6,8 +6,8 @@
  * bit taken twice is reported by the collection as a double free (abort). Run with guard_sample:0 (CMakeLists.txt):
  * every block on a small page; and background_thread:false: no sweep gives a page of the round back. */
 #define _GNU_SOURCE
-#include "internal.h"
-#include "secure.h"
+#include "core/core.h"
+#include "core/secure.h"
 #include <mallard.h>
 #include <pthread.h>
 #include <stdio.h>

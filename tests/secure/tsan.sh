@@ -13,10 +13,10 @@ cc=${CC:-cc}   # gcc on Debian: its libtsan is what the ThreadSanitizer build of
 flags=(-std=gnu11 -O1 -g -fsanitize=thread -fno-omit-frame-pointer -I"$root/include" -I"$root/src" -I"$root/tests/c")
 srcs=$(sed -n '/set(MALLARD_CORE_SOURCES/,/)/p' "$root/src/CMakeLists.txt" | tr ' ()' '\n\n\n' | grep '\.c$')
 objs=()
-for s in $srcs api.c; do
+for s in $srcs api/api.c; do
   "$cc" "${flags[@]}" -fvisibility=hidden -DMALLARD_SECURE -DMALLARD_STATS ${MALLARD_RACE_DELAY:+-DMALLARD_RACE_DELAY} \
-    -c "$root/src/$s" -o "$out/${s%.c}.o"
-  objs+=("$out/${s%.c}.o")
+    -c "$root/src/$s" -o "$out/$(basename "${s%.c}").o"
+  objs+=("$out/$(basename "${s%.c}").o")
 done
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=4:suppressions=$root/tests/c/tsan.supp"
 "$cc" "${flags[@]}" -DMT_PREFIX -fno-builtin "$root/tests/c/test_stress.c" "${objs[@]}" -o "$out/secure-stress" -lpthread -ldl

@@ -7,11 +7,9 @@ use std::path::PathBuf;
 fn main() {
     let c = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("c");
     let src = c.join("src");
-    let mut sources: Vec<PathBuf> = fs::read_dir(&src)
-        .unwrap_or_else(|e| panic!("cannot read the C sources in {}: {e}", src.display()))
-        .map(|entry| entry.expect("readable directory entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "c"))
-        .collect();
+    // The sources lie in one folder per layer (src/LAYERS): every .c file below c/src.
+    let mut sources: Vec<PathBuf> = Vec::new();
+    collect_c(&src, &mut sources);
     sources.sort();
     assert!(!sources.is_empty(), "no C sources in {}", src.display());
 
@@ -34,5 +32,18 @@ fn main() {
     println!("cargo:rerun-if-changed={}", c.join("include").display());
     for s in &sources {
         println!("cargo:rerun-if-changed={}", s.display());
+    }
+}
+
+/// Every .c file under dir, folders included (one level per layer today; any depth accepted).
+fn collect_c(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read the C sources in {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("readable directory entry").path();
+        if path.is_dir() {
+            collect_c(&path, out);
+        } else if path.extension().is_some_and(|x| x == "c") {
+            out.push(path);
+        }
     }
 }

@@ -1,0 +1,622 @@
+/* core/arena.c — arenas: they own segments, hand out slot spans (best fit, coalescing), keep abandoned pages, and decay dirty spans. */
+#define _GNU_SOURCE
+#include "core/core.h"
+#include "core/secure.h"
+#include <sys/mman.h>
+#include <string.h>
+#include <time.h>
+
+arena_t *mld_arenas[MLD_MAX_ARENAS];
+_Atomic(unsigned) mld_narenas;
+static pthread_mutex_t arenas_create_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Lock with contention accounting: an uncontended acquisition costs one trylock. */
+void mld_lock(pthread_mutex_t *m, lock_stats_t *st) {
+  if (pthread_mutex_trylock(m) != 0) {
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(m);
+    mld_tls_contended = true;
+    st->contended++;
+    st->wait_ns += now_ns() - t0;
+  }
+  st->ops++;
+}
+
+static void arena_lock(arena_t *a) { mld_lock(&a->lock, &a->lock_stats); }
+static void arena_unlock(arena_t *a) { pthread_mutex_unlock(&a->lock); }
+
+arena_t *mld_arena_get(unsigned index) {
+  return index < atomic_load_explicit(&mld_narenas, memory_order_acquire) ? mld_arenas[index] : NULL;
+}
+
+/* Create one more arena; returns its index or -1. */
+int mld_arena_create(void) {
+  pthread_mutex_lock(&arenas_create_lock);
+  unsigned n = atomic_load(&mld_narenas);
+  int r = -1;
+  if (n < MLD_MAX_ARENAS) {
+    arena_t *a = mld_meta_alloc(sizeof(arena_t));
+    if (a) {
+      pthread_mutex_init(&a->lock, NULL);
+      a->index = n;
+      mld_arenas[n] = a;
+      atomic_store_explicit(&mld_narenas, n + 1, memory_order_release);
+      r = (int)n;
+    }
+  }
+  pthread_mutex_unlock(&arenas_create_lock);
+  return r;
+}
+
+/* fork(): arena creation is not in progress while the child is made. */
+void mld_arenas_fork_prepare(void) { pthread_mutex_lock(&arenas_create_lock); }
+void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
+void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL); }
+
+static void free_span_locked(arena_t *a, page_t *pg, uint64_t now);
+
+/* ---- protection of slots (secure variant) ----
+ * Guard slabs: the last OS page of some small pages is PROT_NONE, chosen by position (span_wants_guard), so that a
+ * linear overflow from a small page faults within max(guard_slab_interval, its page's slots) slots. A large
+ * block's span ends in a guard slot, PROT_NONE whole, and a freed large block from secure_noaccess_min on is
+ * PROT_NONE whole. None of this is undone when a span goes back to
+ * the free spans: the segment's masks (prot_tail, prot_full) record it, and a span is opened or guarded when it is
+ * handed out, only where its state differs from what its new use wants. A page that goes back and comes out again
+ * at the same place (a thread's pages, a large block's span) costs no mprotect at all. */
+#ifdef MALLARD_SECURE
+_Static_assert(MLD_SLOTS == 64, "one 64-bit mask per segment covers its slots");
+enum { WANT_OPEN, WANT_TAIL, WANT_FULL };   /* the span's last slot: accessible, guard page at its end, no access */
+
+typedef struct prot_plan_s {
+  uint8_t *open, *open_end;                 /* made PROT_READ|PROT_WRITE (NULL: nothing) */
+  uint8_t *close, *close_end;               /* made PROT_NONE (NULL: nothing) */
+  uint64_t bit;                             /* the last slot's mask bit */
+  int want;
+} prot_plan_t;
+
+/* Guard slabs by position. Pages of s slots have segments of their own and are cut from slot MLD_FIRST_SLOT on,
+ * back to back (every span of such a segment starts a whole number of pages from it), so they end at slots
+ * MLD_FIRST_SLOT + k * s. Counted back from the last page that fits in the segment, which is always guarded (an
+ * overflow never leaves the segment), every (n / s)-th page ends in a guard page, every page when s >= n: guard
+ * pages at most max(n, s) slots apart (n: guard_slab_interval), whatever s and n are. (A guard every n slots of
+ * position would miss pages of s slots for good when no multiple of n is a page end: 4, 8, 12, 16 slots with n 4.) */
+static size_t guard_stride(size_t s) {   /* slots from one guarded page's end to the next one's */
+  size_t m = mld_opt.guard_slab_interval / s;   /* whole pages in the interval */
+  return (m ? m : 1) * s;
+}
+static size_t slab_last_end(size_t s) { return MLD_FIRST_SLOT + MLD_USABLE_SLOTS / s * s; }
+
+/* The end (a slot index) of the guarded page of s slots at or after the page that ends at `end`; 0: none (guard
+ * slabs off). */
+static size_t guard_end_from(size_t end, size_t s) {
+  size_t last = slab_last_end(s);
+  if (!mld_opt.guard_slab_interval || end > last) return 0;
+  return end + (last - end) % guard_stride(s);
+}
+
+static bool span_wants_guard(const page_t *pg) {
+  size_t end = slot_index(pg) + pg->slot_count;
+  return guard_end_from(end, pg->slot_count) == end;
+}
+
+/* Arena lock held, the small page pg (not guarded itself) taken: the guard page that ends the run of pages it
+ * belongs to, when it is not closed yet and the page it ends is free (a page in use there got its guard, or lost
+ * it when mprotect failed: its last OS page may hold blocks). So an overflow from pg faults within the promised
+ * distance even where no page after it was handed out yet. Returns the OS page to close (NULL: none), its mask bit
+ * set already (*bit): a page handed out there meanwhile counts on it, which is true once it is closed. */
+static uint8_t *next_guard_plan(page_t *pg, uint64_t *bit) {
+  segment_t *seg = segment_of(pg);
+  size_t s = pg->slot_count, g = guard_end_from(slot_index(pg) + s, s);
+  if (!g || g == slot_index(pg) + s) return NULL;
+  *bit = 1ull << (g - 1);
+  const page_t *first = &seg->pages[g - s];   /* the first slot of the guarded page's place */
+  bool in_use = first->kind != PAGE_FREE && first->slot_count;   /* a free span's inner slots have slot_count 0
+                                                                  * or kind PAGE_FREE (span_mark_free, coalescing) */
+  if (in_use || ((seg->prot_tail | seg->prot_full) & *bit)) return NULL;
+  seg->prot_tail |= *bit;
+  return (uint8_t *)seg + (g << MLD_SLOT_SHIFT) - MLD_OS_PAGE;
+}
+
+/* Slots [idx, idx + n) of a segment as mask bits (1 <= idx, idx + n <= 64). */
+static uint64_t slot_bits(size_t idx, size_t n) { return (n >= 64 ? ~0ull : (1ull << n) - 1) << idx; }
+
+/* Arena lock held, the span [pg, pg + n) taken: what to change so that all of it is accessible but its last slot
+ * (as `want` says), and the masks updated to that state already (the syscalls follow without the lock: the span is
+ * ours alone). */
+static prot_plan_t prot_plan(page_t *pg, size_t n, int want) {
+  segment_t *seg = segment_of(pg);
+  size_t idx = slot_index(pg), last = idx + n - 1;
+  uint64_t span = slot_bits(idx, n), lastbit = 1ull << last;
+  uint64_t tail = seg->prot_tail & span, full = seg->prot_full & span;
+  prot_plan_t p = { .bit = lastbit, .want = want };
+  bool done = (want == WANT_TAIL && (tail & lastbit) && !(full & lastbit)) || (want == WANT_FULL && (full & lastbit));
+  uint64_t open = (tail | full) & ~(want == WANT_OPEN ? 0 : lastbit);   /* a last slot to be closed whole: not opened */
+  if (want == WANT_TAIL && !done) open |= full & lastbit;                /* opened whole, then its tail closed */
+  if (open) {
+    p.open = (uint8_t *)seg + ((size_t)__builtin_ctzll(open) << MLD_SLOT_SHIFT);
+    p.open_end = (uint8_t *)seg + ((size_t)(64 - __builtin_clzll(open)) << MLD_SLOT_SHIFT);
+  }
+  if (!done && want != WANT_OPEN) {
+    p.close_end = (uint8_t *)seg + ((last + 1) << MLD_SLOT_SHIFT);
+    p.close = p.close_end - (want == WANT_TAIL ? MLD_OS_PAGE : MLD_SLOT_SIZE);
+  }
+  seg->prot_tail &= ~span;
+  seg->prot_full &= ~span;
+  if (want == WANT_TAIL) seg->prot_tail |= lastbit;
+  if (want == WANT_FULL) seg->prot_full |= lastbit;
+  return p;
+}
+
+/* No lock held. false: the span could not be opened (mprotect failed, e.g. too many mappings). A guard that could
+ * not be placed is only missing: its bit is cleared, under the lock. */
+static bool prot_apply(arena_t *a, const prot_plan_t *p, bool *closed) {
+  *closed = !p->close;
+  if (p->open && mprotect(p->open, (size_t)(p->open_end - p->open), PROT_READ | PROT_WRITE) != 0) return false;
+  if (p->close) {
+    *closed = mprotect(p->close, (size_t)(p->close_end - p->close), PROT_NONE) == 0;
+    if (!*closed) {
+      segment_t *seg = segment_of(p->close);
+      arena_lock(a);
+      if (p->want == WANT_TAIL) seg->prot_tail &= ~p->bit; else seg->prot_full &= ~p->bit;
+      arena_unlock(a);
+    }
+  }
+  return true;
+}
+#endif
+
+/* ---- span bookkeeping (arena lock held) ---- */
+
+static void span_mark_free(page_t *pg, size_t n) {
+  pg->kind = PAGE_FREE;
+  pg->slot_count = (uint32_t)n;
+  pg->offset = 0;
+  atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+  page_t *last = pg + n - 1;
+  if (last != pg) { last->offset = (uint32_t)(n - 1); last->kind = PAGE_FREE; last->slot_count = 0; }
+}
+
+void mld_span_set_used(page_t *pg, size_t n, uint8_t kind) {
+  pg->kind = kind;
+  pg->slot_count = (uint32_t)n;
+  pg->offset = 0;
+  for (size_t i = 1; i < n; i++) {   /* every slot leads back to the first: page_of() is O(1) for interior pointers */
+    pg[i].offset = (uint32_t)i;
+    pg[i].kind = kind;
+    pg[i].slot_count = 0;
+    atomic_store_explicit(&pg[i].heap, NULL, memory_order_relaxed);
+  }
+}
+
+static void span_insert(arena_t *a, page_t *pg) {
+  size_t n = pg->slot_count;
+  page_t **head = &a->spans[segment_of(pg)->use][n];
+  if (!pg->purged || !*head) {            /* dirty spans go first: reusing them costs no page faults */
+    pg->prev = NULL;
+    pg->next = *head;
+    if (*head) (*head)->prev = pg;
+    *head = pg;
+  } else {
+    page_t *t = *head;
+    while (t->next) t = t->next;
+    t->next = pg;
+    pg->prev = t;
+    pg->next = NULL;
+  }
+  if (pg->purged) a->purged_slots += n; else a->dirty_slots += n;
+  segment_of(pg)->free_slots += (uint32_t)n;
+}
+
+static void span_remove(arena_t *a, page_t *pg) {
+  size_t n = pg->slot_count;
+  if (pg->prev) pg->prev->next = pg->next; else a->spans[segment_of(pg)->use][n] = pg->next;
+  if (pg->next) pg->next->prev = pg->prev;
+  pg->next = pg->prev = NULL;
+  if (pg->purged) a->purged_slots -= n; else a->dirty_slots -= n;
+  segment_of(pg)->free_slots -= (uint32_t)n;
+}
+
+static segment_t *segment_new(arena_t *a, unsigned use) {
+  segment_t *seg = mld_os_map_aligned(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE, mld_segment_hint(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE));
+  if (!seg) return NULL;
+  if (mld_opt.thp) mld_os_thp(seg, MLD_SEGMENT_SIZE, mld_thp_advice(false));
+  mld_os_name(seg, MLD_SEGMENT_SIZE, "mallard");
+#ifdef MALLARD_SECURE
+  /* Metadata lives apart from user data: the tail of the metadata slots is a guard between them. */
+  mprotect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_FIRST_SLOT * MLD_SLOT_SIZE - MLD_GUARD_OFFSET, PROT_NONE);
+#endif
+  seg->kind = SEG_NORMAL;
+  seg->use = use;
+  seg->arena = a;
+  seg->pages[0].kind = PAGE_META;
+  page_t *pg = &seg->pages[MLD_FIRST_SLOT];
+  span_mark_free(pg, MLD_USABLE_SLOTS);
+  pg->purged = 1;                          /* never touched: neither resident nor dirty */
+  pg->zero = 1;
+  seg->next = a->segments;
+  if (a->segments) a->segments->prev = seg;
+  a->segments = seg;
+  a->nsegments++;
+  a->nsegments_mapped++;
+  span_insert(a, pg);
+  mld_owner_set(seg, true);
+  return seg;
+}
+
+void mld_segment_release(arena_t *a, segment_t *seg) {
+  span_remove(a, &seg->pages[MLD_FIRST_SLOT]);
+  if (seg->prev) seg->prev->next = seg->next; else a->segments = seg->next;
+  if (seg->next) seg->next->prev = seg->prev;
+  a->nsegments--;
+  a->nsegments_unmapped++;
+  mld_owner_set(seg, false);
+  mld_os_unmap(seg, MLD_SEGMENT_SIZE);
+}
+
+/* Best fit: the smallest free span with at least `slots` slots, split; a new segment when none fits. The span is
+ * marked `kind` before the lock is released: threads freeing a neighbour read its descriptors under the lock. */
+page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero) {
+  /* Secure variant: large blocks, and small pages of each size, in segments of their own. A large block is never
+   * next to a small page, and a page always comes back where a page of its size was: its guard slab where the last
+   * one was (none of the two mprotect calls, to open a closed slot and guard the new end, that a span's new layout
+   * costs), never where a large block left its span closed and its guard slot behind. */
+  unsigned use = MLD_SPAN_USES == 1 || kind == PAGE_LARGE || slots >= MLD_SPAN_USES ? 0 : (unsigned)slots;
+  arena_lock(a);
+  page_t *pg = NULL;
+  for (size_t n = slots; n <= MLD_USABLE_SLOTS; n++) {
+    if (a->spans[use][n]) { pg = a->spans[use][n]; break; }
+  }
+  if (!pg) {
+    segment_t *seg = segment_new(a, use);
+    if (!seg) { arena_unlock(a); return NULL; }
+    pg = &seg->pages[MLD_FIRST_SLOT];
+  }
+  span_remove(a, pg);
+  size_t n = pg->slot_count;
+  if (n > slots) {
+    page_t *rest = pg + slots;
+    span_mark_free(rest, n - slots);
+    rest->purged = pg->purged;
+    rest->zero = pg->zero;
+    rest->dirty_since = pg->dirty_since;
+    span_insert(a, rest);
+  }
+  *zero = pg->zero;
+  pg->purged = 0;
+  pg->zero = 0;
+  mld_span_set_used(pg, slots, kind);
+  pg->guarded = 0;
+#ifdef MALLARD_SECURE
+  int want = kind == PAGE_LARGE ? WANT_FULL : kind == PAGE_SMALL && span_wants_guard(pg) ? WANT_TAIL : WANT_OPEN;
+  prot_plan_t plan = prot_plan(pg, slots, want);
+  uint64_t next_bit = 0;
+  uint8_t *next_guard = kind == PAGE_SMALL && want == WANT_OPEN ? next_guard_plan(pg, &next_bit) : NULL;
+#endif
+  mld_arena_maybe_purge(a, mld_now_ms());
+  arena_unlock(a);
+#ifdef MALLARD_SECURE
+  if (next_guard) MLD_RACE_WINDOW();   /* its bit set, the page not closed yet: another thread may take the page */
+  if (next_guard && mprotect(next_guard, MLD_OS_PAGE, PROT_NONE) != 0) {   /* only missing: as prot_apply does */
+    arena_lock(a);
+    segment_of(pg)->prot_tail &= ~next_bit;
+    arena_unlock(a);
+  }
+  bool closed;
+  if (!prot_apply(a, &plan, &closed)) {   /* unusable: back to the free spans, all of it counted as protected */
+    arena_lock(a);
+    segment_of(pg)->prot_full |= slot_bits(slot_index(pg), slots);
+    free_span_locked(a, pg, mld_now_ms());
+    arena_unlock(a);
+    return NULL;
+  }
+  pg->guarded = want == WANT_TAIL && closed;
+#endif
+  return pg;
+}
+
+page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
+  return mld_arena_alloc_span_kind(a, slots, PAGE_LARGE, zero);
+}
+
+/* Return a span and coalesce it with free neighbours in its segment; the result is dirty from `now`. */
+static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
+  size_t idx = slot_index(pg), n = pg->slot_count;
+  bool zero = false;
+  if (idx + n < MLD_SLOTS) {
+    page_t *next = pg + n;
+    if (next->kind == PAGE_FREE && next->slot_count) {   /* a first slot of a free span */
+      size_t m = next->slot_count;
+      span_remove(a, next);
+      next->slot_count = 0;
+      n += m;
+    }
+  }
+  if (idx > MLD_FIRST_SLOT) {
+    page_t *prev = pg - 1;
+    prev -= prev->offset;
+    if (prev->kind == PAGE_FREE && prev->slot_count) {
+      size_t m = prev->slot_count;
+      span_remove(a, prev);
+      pg->slot_count = 0;
+      pg->kind = PAGE_FREE;
+      pg = prev;
+      n += m;
+    }
+  }
+  span_mark_free(pg, n);
+  pg->purged = 0;
+  pg->zero = zero;
+  pg->dirty_since = now;
+  span_insert(a, pg);
+  if (!a->next_purge_ms || a->next_purge_ms > now + mld_purge_age()) a->next_purge_ms = now + mld_purge_age();
+}
+
+/* A span goes back; `closed`: the mask bits of its slots that its caller made PROT_NONE whole (secure variant). */
+static void free_span(arena_t *a, page_t *pg, uint64_t closed) {
+  arena_lock(a);
+#ifdef MALLARD_SECURE
+  segment_of(pg)->prot_full |= closed;   /* recorded before the span can coalesce or be handed out */
+#else
+  (void)closed;
+#endif
+  uint64_t now = mld_now_ms();
+  pg->user = NULL;
+  free_span_locked(a, pg, now);
+  mld_arena_maybe_purge(a, now);
+  arena_unlock(a);
+  mld_dirty_notify();
+}
+
+void mld_arena_free_span(arena_t *a, page_t *pg) { free_span(a, pg, 0); }
+
+#ifdef MALLARD_SECURE
+/* A freed large block's span, made PROT_NONE whole by its caller: it goes back as it is. */
+void mld_arena_free_span_noaccess(arena_t *a, page_t *pg) {
+  free_span(a, pg, slot_bits(slot_index(pg), pg->slot_count));
+}
+#endif
+
+/* Take an abandoned page of class `cls` for heap h; the caller collects its remote frees. */
+/* The head of an abandoned list is written with relaxed atomic stores (always under the lock): adopters peek at
+ * it without the lock. */
+static void abandoned_set_head(arena_t *a, unsigned cls, page_t *pg) { __atomic_store_n(&a->abandoned[cls], pg, __ATOMIC_RELAXED); }
+
+page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
+  if (!__atomic_load_n(&a->abandoned[cls], __ATOMIC_RELAXED)) return NULL;   /* peek: a miss only costs a fresh page */
+  arena_lock(a);
+  page_t *pg = a->abandoned[cls];
+  if (pg) {
+    abandoned_set_head(a, cls, pg->next);
+    if (pg->next) pg->next->prev = NULL;
+    pg->next = pg->prev = NULL;
+    atomic_store_explicit(&pg->heap, h, memory_order_release);
+  }
+  arena_unlock(a);
+  if (pg) MLD_RACE_WINDOW();   /* adopted: remote frees now go to its thread_free list again */
+  return pg;
+}
+
+void mld_arena_abandon(arena_t *a, page_t *pg) {
+  arena_lock(a);
+  atomic_store_explicit(&pg->heap, NULL, memory_order_release);
+  unsigned cls = pg->size_class;
+  pg->prev = NULL;
+  pg->next = a->abandoned[cls];
+  if (pg->next) pg->next->prev = pg;
+  abandoned_set_head(a, cls, pg);
+  arena_unlock(a);
+  MLD_RACE_WINDOW();   /* abandoned: adopters, reapers and remote frees may take it from here on */
+  /* Remote frees pushed between the owner's last collection and the abandonment asked for no reap: one is due. */
+  mld_arena_want_reap(a);
+}
+
+/* A remote free into a page whose owner exited (read before the block is published): ask for a reap, so that
+ * the page goes back as soon as its blocks have, not at the next purge pass that happens to be due. Lock-free;
+ * the purging thread (or the arena's next operation) reaps once the decay delay has passed since the request,
+ * so that a burst of such frees costs one reap. Notifies only when the request is new. */
+void mld_arena_want_reap(arena_t *a) {
+  /* Our push, then this load; the reaper's clear, then its walk: one of the two sees the other (seq_cst). */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&a->reap_pending, memory_order_relaxed)) return;
+  atomic_store_explicit(&a->reap_since, mld_now_ms(), memory_order_relaxed);
+  if (!atomic_exchange_explicit(&a->reap_pending, 1, memory_order_acq_rel)) mld_dirty_notify();
+}
+
+/* Free abandoned pages whose blocks have all come back by remote frees (lock held). */
+void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
+  atomic_store_explicit(&a->reap_pending, 0, memory_order_relaxed);   /* frees pushed after this ask again */
+  atomic_thread_fence(memory_order_seq_cst);
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    page_t *pg = a->abandoned[c];
+    while (pg) {
+      page_t *next = pg->next;
+      mld_page_collect_remote(pg);
+      if (pg->used == 0) {
+        if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
+        if (pg->next) pg->next->prev = pg->prev;
+        pg->next = pg->prev = NULL;
+        free_span_locked(a, pg, now);
+      }
+      pg = next;
+    }
+  }
+}
+
+/* Grow a large block in place by absorbing the free span right after it. Secure variant: the guard slot moves to
+ * the new end (closed before the old one is opened). */
+bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
+  size_t n = pg->slot_count;
+  if (slot_index(pg) + new_slots > MLD_SLOTS) return false;
+  arena_lock(a);
+  page_t *next = pg + n;
+  bool ok = false;
+  if (next->kind == PAGE_FREE && next->slot_count >= new_slots - n) {
+    size_t m = next->slot_count;
+    span_remove(a, next);
+    if (m > new_slots - n) {
+      page_t *rest = pg + new_slots;
+      span_mark_free(rest, m - (new_slots - n));
+      rest->purged = next->purged;
+      rest->zero = next->zero;
+      rest->dirty_since = next->dirty_since;
+      span_insert(a, rest);
+    }
+    next->slot_count = 0;
+    void *user = pg->user;
+    mld_span_set_used(pg, new_slots, PAGE_LARGE);
+    pg->user = user;
+    ok = true;
+  }
+#ifdef MALLARD_SECURE
+  prot_plan_t plan;
+  if (ok) plan = prot_plan(pg, new_slots, WANT_FULL);
+#endif
+  arena_unlock(a);
+#ifdef MALLARD_SECURE
+  if (ok) {
+    prot_plan_t close_first = plan, open_then = plan;   /* the new guard first: the block is never unguarded */
+    close_first.open = NULL;
+    open_then.close = NULL;
+    bool closed;
+    prot_apply(a, &close_first, &closed);
+    if (!prot_apply(a, &open_then, &closed)) {   /* the grown part cannot be opened: give it back, still guarded */
+      arena_lock(a);
+      segment_of(pg)->prot_full |= slot_bits(slot_index(pg) + n - 1, new_slots - n + 1);   /* in doubt: closed */
+      arena_unlock(a);
+      mld_arena_shrink_large(a, pg, n);
+      return false;
+    }
+  }
+#endif
+  return ok;
+}
+
+/* Give the tail of a large block back, keeping its first new_slots slots. Secure variant: the block's new last slot
+ * becomes its guard slot (closed before the tail goes; the tail's old guard slot stays closed, recorded). Not through
+ * prot_plan: the new guard slot lies inside the block, open by construction, so there is nothing to plan, and closing
+ * it before taking the lock keeps the block guarded at every moment with one lock round. */
+void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
+  size_t n = pg->slot_count;
+  if (new_slots >= n) return;
+#ifdef MALLARD_SECURE
+  uint8_t *guard = page_start(pg) + ((new_slots - 1) << MLD_SLOT_SHIFT);
+  bool closed = mprotect(guard, MLD_SLOT_SIZE, PROT_NONE) == 0;
+#endif
+  arena_lock(a);
+  uint64_t now = mld_now_ms();
+#ifdef MALLARD_SECURE
+  segment_t *seg = segment_of(pg);
+  uint64_t bit = 1ull << (slot_index(pg) + new_slots - 1);
+  if (closed) seg->prot_full |= bit; else seg->prot_full &= ~bit;
+#endif
+  page_t *tail = pg + new_slots;
+  mld_span_set_used(tail, n - new_slots, PAGE_LARGE);
+  void *user = pg->user;
+  mld_span_set_used(pg, new_slots, PAGE_LARGE);
+  pg->user = user;
+  free_span_locked(a, tail, now);
+  arena_unlock(a);
+  mld_dirty_notify();
+}
+
+/* ---- decay: dirty spans purged once old, abandoned pages reaped once asked for (arena lock held) ---- */
+
+/* When the arena's pending reap is due (0: none asked). */
+static uint64_t reap_due(arena_t *a) {
+  if (likely(!atomic_load_explicit(&a->reap_pending, memory_order_relaxed))) return 0;
+  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age();
+}
+
+/* Reap and purge what is due (lock held); returns the bytes purged. */
+size_t mld_arena_maybe_purge(arena_t *a, uint64_t now) {
+  uint64_t reap = reap_due(a);
+  if (unlikely(reap) && now >= reap) mld_arena_reap_abandoned(a, now);
+  if (mld_opt.dirty_decay_ms < 0) return 0;
+  if (a->dirty_slots && now >= a->next_purge_ms) return mld_arena_purge(a, false);
+  return 0;
+}
+
+/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
+ * A span whose madvise fails stays dirty (its memory is neither released nor known to be zero) and is retried later. */
+size_t mld_arena_purge(arena_t *a, bool all) {
+  uint64_t now = mld_now_ms();
+  uint64_t decay = mld_purge_age();
+  size_t bytes = 0;
+  uint64_t next_due = 0;
+  mld_arena_reap_abandoned(a, now);
+  a->npurge_passes++;
+  for (unsigned use = 0; use < MLD_SPAN_USES; use++) {
+    for (size_t n = 1; n <= MLD_USABLE_SLOTS; n++) {
+      for (page_t *pg = a->spans[use][n]; pg; ) {
+        page_t *next = pg->next;
+        if (!pg->purged) {
+          if (all || now - pg->dirty_since >= decay) {
+            size_t len = n << MLD_SLOT_SHIFT;
+            a->nmadvise++;
+            if (mld_os_purge(page_start(pg), len)) {
+              a->purged_bytes_total += len;
+              bytes += len;
+              pg->purged = 1;
+              pg->zero = 1;
+              a->dirty_slots -= n;
+              a->purged_slots += n;
+            } else if (!next_due || now + decay < next_due) {
+              next_due = now + (decay ? decay : 1);
+            }
+          } else if (!next_due || pg->dirty_since + decay < next_due) {
+            next_due = pg->dirty_since + decay;
+          }
+        }
+        if (n == MLD_USABLE_SLOTS && pg->purged && !mld_opt.retain) mld_segment_release(a, segment_of(pg));
+        pg = next;
+      }
+    }
+  }
+  a->next_purge_ms = next_due;
+  return bytes;
+}
+
+/* The earliest time something of the arena falls due (a reap asked for, dirty spans); 0 when nothing waits.
+ * `dirty` is set when dirty spans wait (even with no deadline yet). Takes the arena lock. */
+uint64_t mld_arena_next_due(arena_t *a, bool *dirty) {
+  mld_lock(&a->lock, &a->lock_stats);
+  uint64_t best = reap_due(a);   /* pages of exited threads may be empty: reap them within the delay */
+  if (best) *dirty = true;
+  if (a->dirty_slots) {
+    uint64_t d = a->next_purge_ms;
+    if (d && (!best || d < best)) best = d;
+    *dirty = true;
+  }
+  pthread_mutex_unlock(&a->lock);
+  return best;
+}
+
+/* An arena's counters as the report shows them (this process's, under the arena lock). */
+void mld_arena_snapshot_of(const arena_t *a, arena_snapshot_t *s) {
+  s->nthreads = a->nthreads;
+  s->nthreads_total = a->nthreads_total;
+  s->nsegments = a->nsegments;
+  s->dirty_bytes = (uint64_t)a->dirty_slots * MLD_SLOT_SIZE;
+  s->purged_bytes = (uint64_t)a->purged_slots * MLD_SLOT_SIZE;
+  s->large_active = a->large_active;
+  s->npurge_passes = a->npurge_passes;
+  s->nmadvise = a->nmadvise;
+  s->purged_total = a->purged_bytes_total;
+  s->lock = a->lock_stats;
+}
+
+/* Copy an arena's counters under its lock. */
+bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s) {
+  arena_t *a = mld_arena_get(index);
+  if (!a) return false;
+  mld_lock(&a->lock, &a->lock_stats);
+  mld_arena_snapshot_of(a, s);
+  pthread_mutex_unlock(&a->lock);
+  return true;
+}

@@ -1,0 +1,665 @@
+/* core/heap.c — thread-local heaps: the malloc slow path, page lists per size class, remote frees, thread exit and adoption. */
+#define _GNU_SOURCE
+#include "core/core.h"
+#include "core/secure.h"
+#include <errno.h>
+#include <string.h>
+
+/* Every thread starts on this shared empty heap; its first malloc creates a real one. */
+heap_t mld_heap_empty = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty } };
+/* The countdown starts negative: a thread's first allocation, malloc(0) included, takes its slow path (which
+ * draws it, and under junk:alloc fills; prof.h). */
+__thread mld_tls_t mld_tls __attribute__((tls_model("initial-exec"))) = { &mld_heap_empty, (uint64_t)-1 };
+
+pthread_mutex_t mld_heaps_mutex = PTHREAD_MUTEX_INITIALIZER;
+heap_t *mld_heaps_all;                  /* live heaps (statistics, fork) */
+static heap_t *heaps_pool;              /* heap structs of exited threads, reused */
+heap_stats_t mld_dead_stats;            /* counters of exited threads, folded in when they exit */
+heap_stats_t mld_orphan_stats;          /* counters of frees by threads that never allocated */
+__thread bool mld_tls_contended __attribute__((tls_model("initial-exec")));   /* set when this thread waited for an arena lock */
+_Atomic(unsigned) mld_arena_cap;          /* mallopt(M_ARENA_MAX): threads spread over at most this many (0: all) */
+__thread bool mld_tls_exiting __attribute__((tls_model("initial-exec")));     /* set by the heap's TLS destructor */
+
+/* ---- page lists ---- */
+static void list_remove(page_list_t *l, page_t *pg) {
+  if (pg->prev) pg->prev->next = pg->next; else l->head = pg->next;
+  if (pg->next) pg->next->prev = pg->prev; else l->tail = pg->prev;
+  pg->next = pg->prev = NULL;
+}
+static void list_push_head(page_list_t *l, page_t *pg) {
+  pg->prev = NULL;
+  pg->next = l->head;
+  if (l->head) l->head->prev = pg; else l->tail = pg;
+  l->head = pg;
+}
+static void list_push_tail(page_list_t *l, page_t *pg) {
+  pg->next = NULL;
+  pg->prev = l->tail;
+  if (l->tail) l->tail->next = pg; else l->head = pg;
+  l->tail = pg;
+}
+
+/* in_full is read by threads sending remote frees (outbox.c): written atomically, always under the heap lock. */
+static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, v, __ATOMIC_RELAXED); }
+
+/* A page with nothing free leaves the class list for the full list until remote frees arrive. From now on
+ * the owner's frees into it take the locked path (mld_free_parked), so a sweep may give it back. */
+static void park(heap_t *h, unsigned c, page_t *pg) {
+  set_in_full(pg, 1);
+  list_push_tail(&h->full[c], pg);
+  /* Remote frees published before in_full was set asked for no sweep, nor do later ones into the same words (the
+   * secure variant: outbox.c): one is due if any waits now. */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (mld_page_remote_waiting(pg)) mld_sweep_want();
+}
+
+/* Make pg the class's current page. keep_on_empty caches "current and not to be asked on empty" for the
+ * owner's free fast path (one byte test instead of a current[] load and a keep_check test). */
+static void make_current(heap_t *h, unsigned c, page_t *pg) {
+  page_t *old = h->current[c];
+  if (old != pg && old != &mld_page_empty) {
+    old->keep_on_empty = 0;
+    /* Sends into it asked for no sweep while it was current, later ones will (outbox.c): one is due if any waits
+     * (a page just parked was checked by park). The store, then the load: a full barrier between (xchg). */
+    __atomic_exchange_n(&old->is_current, 0, __ATOMIC_SEQ_CST);
+    if (!old->in_full && mld_page_remote_waiting(old)) mld_sweep_want();
+  }
+  if (pg != &mld_page_empty) {
+    pg->keep_on_empty = !pg->keep_check;
+    __atomic_store_n(&pg->is_current, 1, __ATOMIC_RELAXED);
+  }
+  h->current[c] = pg;
+}
+
+static void set_current(heap_t *h, unsigned c) {
+  make_current(h, c, h->avail[c].head ? h->avail[c].head : &mld_page_empty);
+}
+
+/* ---- heap life ---- */
+static heap_t *find_dead_heap(void);
+
+/* The calling thread takes its heap's robust `life` mutex for good: released by its destructor
+ * (mld_heap_abandon), or marked EOWNERDEAD by the kernel when the thread ends without one. */
+static void life_begin(heap_t *h) {
+  pthread_mutexattr_t ra;
+  pthread_mutexattr_init(&ra);
+  pthread_mutexattr_setrobust(&ra, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&h->life, &ra);
+  pthread_mutexattr_destroy(&ra);
+  pthread_mutex_lock(&h->life);
+}
+/* dst += src, counter by counter; src may be updated meanwhile by its owner (relaxed loads: a snapshot). */
+void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src) {
+  const uint64_t *s = (const uint64_t *)src;
+  uint64_t *d = (uint64_t *)dst;
+  for (size_t i = 0; i < sizeof(heap_stats_t) / sizeof(uint64_t); i++) d[i] += __atomic_load_n(&s[i], __ATOMIC_RELAXED);
+}
+
+/* The calling thread's heap, made on first use; NULL when none can be made (no memory, or the thread is past its
+ * heap's TLS destructor: a heap made now might never be abandoned, so such a thread uses the exit heap). */
+heap_t *mld_heap_get(void) {
+  heap_t *h = mld_tls_heap;
+  if (h != &mld_heap_empty) return h;
+  if (mld_tls_exiting) return NULL;
+  mld_ensure_init();
+  /* Arena 0 may be missing when memory ran out during initialisation: every heap needs it. */
+  if (!mld_arena_get(0) && mld_arena_create() < 0) return NULL;
+  for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);   /* their structs are reused */
+  pthread_mutex_lock(&mld_heaps_mutex);
+  h = heaps_pool;
+  if (h) heaps_pool = h->next_free;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (!h) h = mld_meta_alloc(sizeof(heap_t));
+  if (!h) return NULL;
+  /* Made ready, `life` held, before it is registered (a sweep may look at it from then on): no other lock is
+   * held while `life` is taken, which is then held for the thread's whole life. */
+  memset(h, 0, sizeof *h);
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
+  atomic_store_explicit(&h->lock, 0, memory_order_relaxed);
+  life_begin(h);
+  atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
+  pthread_mutex_lock(&mld_heaps_mutex);
+  /* Every thread starts on arena 0, so a quiet process shares its segments (no reservation per thread);
+   * a thread that waits for an arena lock moves on to the next automatic arena (mld_heap_arena). */
+  h->arena = mld_arenas[0];
+  h->arena->nthreads++;
+  h->arena->nthreads_total++;
+  h->thread = pthread_self();
+  h->live = true;
+  h->next_all = mld_heaps_all;
+  if (mld_heaps_all) mld_heaps_all->prev_all = h;
+  mld_heaps_all = h;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
+  pthread_setspecific(mld_heap_key, h);
+  return h;
+}
+
+/* The heap's arena for its next span. A thread whose last arena operation had to wait for the lock moves to
+ * the next automatic arena: threads spread over the arenas as contention appears, and only then. */
+arena_t *mld_heap_arena(heap_t *h) {
+  if (unlikely(h == &mld_heap_empty)) return mld_arena_get(0);   /* a thread past its heap (exit heap, large blocks) */
+  if (unlikely(mld_tls_contended)) {
+    mld_tls_contended = false;
+    unsigned n = atomic_load_explicit(&mld_narenas, memory_order_acquire);
+    unsigned autos = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : mld_auto_arenas;
+    if (autos > n) autos = n;   /* some automatic arenas could not be made (no memory at initialisation) */
+    unsigned cap = atomic_load_explicit(&mld_arena_cap, memory_order_relaxed);
+    if (cap && autos > cap) autos = cap;
+    if (!h->bound && autos > 1) {
+      arena_t *next = mld_arenas[(h->arena->index + 1) % autos];
+      pthread_mutex_lock(&mld_heaps_mutex);
+      h->arena->nthreads--;
+      h->arena = next;
+      next->nthreads++;
+      next->nthreads_total++;
+      pthread_mutex_unlock(&mld_heaps_mutex);
+    }
+  }
+  return h->arena;
+}
+
+bool mld_heap_bind_arena(heap_t *h, unsigned index) {
+  arena_t *a = mld_arena_get(index);
+  if (!a) return false;
+  pthread_mutex_lock(&mld_heaps_mutex);
+  h->arena->nthreads--;
+  h->arena = a;
+  a->nthreads++;
+  a->nthreads_total++;
+  h->bound = true;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  return true;
+}
+
+#ifdef MALLARD_SECURE
+/* An empty page has no live block and none waiting as a remote free: the bits of both bitmaps are all clear (a
+ * bookkeeping check). Bits are only ever left set at the starts of carved blocks (a free of any other address is
+ * reported before its page can empty: secure_owner_release, the collection), so the words checked are those of
+ * the carved blocks' starts: every word of the carved bytes for blocks under 1 KiB (a word covers 1 KiB), the
+ * word of each block's start above (a 1 MiB page of 256 KiB blocks: 4 words, not 1024). */
+static void secure_check_empty(const page_t *pg) {
+  uint8_t *start = page_start(pg);
+  size_t bs = pg->block_size, carved = (size_t)pg->capacity * bs, step = bs > 1024 ? bs : 1024;
+  for (size_t off = 0; off < carved; off += step) {
+    uint64_t *live = bm_word(start + off);
+    if (bm_load(live) | bm_load(bm_remote_word(live))) mld_secure_fail("live block in a page being released:", start + off);
+  }
+}
+#endif
+
+/* An empty page leaves the heap's lists: no block of it is live, nobody frees into it any more. */
+static void page_leave(heap_t *h, page_t *pg) {
+#ifdef MALLARD_SECURE
+  secure_check_empty(pg);
+#endif
+  h->stats.cls[pg->size_class].npages_released++;
+  atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+}
+
+static void page_release(heap_t *h, page_t *pg) {
+  page_leave(h, pg);
+  mld_arena_free_span(segment_of(pg)->arena, pg);
+}
+
+/* An empty page leaves the class lists: keep it in the page cache while the cache holds fewer than
+ * page_cache slots in all, else give it back to its arena. */
+static void page_release_or_cache(heap_t *h, page_t *pg) {
+  if (h->ncache + pg->slot_count <= mld_opt.page_cache && segment_of(pg)->arena == h->arena) {
+    page_leave(h, pg);
+    pg->next = h->cache;
+    h->cache = pg;
+    h->ncache += pg->slot_count;
+    return;
+  }
+  page_release(h, pg);
+}
+
+/* A cached page of exactly `slots` slots, or NULL. */
+static page_t *cache_take(heap_t *h, unsigned slots) {
+  for (page_t **pp = &h->cache; *pp; pp = &(*pp)->next) {
+    page_t *pg = *pp;
+    if (pg->slot_count == slots) {
+      *pp = pg->next;
+      pg->next = NULL;
+      h->ncache -= slots;
+      return pg;
+    }
+  }
+  return NULL;
+}
+
+static void cache_flush(heap_t *h) {
+  while (h->cache) {
+    page_t *pg = h->cache;
+    h->cache = pg->next;
+    pg->next = NULL;
+    mld_arena_free_span(segment_of(pg)->arena, pg);
+  }
+  h->ncache = 0;
+}
+
+/* Visit every page of a class (class list, then full list); the visitor may unlink or release the page. */
+typedef void (*page_visit_t)(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force);
+static void visit_pages(heap_t *h, page_visit_t visit, bool force) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
+    for (int k = 0; k < 2; k++) {
+      for (page_t *pg = lists[k]->head, *next; pg; pg = next) {
+        next = pg->next;
+        visit(h, c, lists[k], pg, force);
+      }
+    }
+    set_current(h, c);
+  }
+  cache_flush(h);
+}
+
+/* Thread exit: an empty page goes back to its arena, the others are abandoned for adoption. */
+static void abandon_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force) {
+  (void)force;
+  list_remove(list, pg);
+  set_current(h, c);   /* never leave current[c] on a page that is being given away */
+  set_in_full(pg, 0);
+  mld_page_collect(pg);
+  if (pg->used == 0) page_release(h, pg);
+  else mld_arena_abandon(segment_of(pg)->arena, pg);
+}
+
+/* Collection: empty pages leave (the current one too when forced); full pages with frees return to the list. */
+static void collect_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force) {
+  mld_page_collect(pg);
+  if (pg->used == 0 && (force || pg != h->avail[c].head)) {
+    list_remove(list, pg);
+    set_current(h, c);   /* before the release: nothing may allocate from a page that went back to its arena */
+    page_release(h, pg);
+  } else if (pg->in_full && pg->free) {
+    list_remove(list, pg);
+    set_in_full(pg, 0);
+    list_push_tail(&h->avail[c], pg);
+  }
+}
+
+/* A thread is exiting (or, from a sweep, has ended without its destructor): its pending remote frees are sent,
+ * its pages released or abandoned, its counters kept, its struct recycled. The caller holds `life`. */
+void mld_heap_abandon(heap_t *h) {
+  mld_outbox_flush(h);
+  mld_spin_lock(&h->lock);
+  visit_pages(h, abandon_page, true);
+  mld_spin_unlock(&h->lock);
+  pthread_mutex_lock(&mld_heaps_mutex);
+  mld_stats_add(&mld_dead_stats, &h->stats);
+  h->arena->nthreads--;
+  h->live = false;
+  if (h->prev_all) h->prev_all->next_all = h->next_all; else mld_heaps_all = h->next_all;
+  if (h->next_all) h->next_all->prev_all = h->prev_all;
+  pthread_mutex_unlock(&h->life);         /* before the struct can be reused (and its mutexes made anew) */
+  h->next_free = heaps_pool;
+  heaps_pool = h;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+}
+
+/* Give back what this heap holds but does not use: empty pages (even the last of a class when forced). */
+void mld_heap_collect(heap_t *h, bool force) {
+  if (h == &mld_heap_empty) return;
+  mld_outbox_flush(h);
+  mld_spin_lock(&h->lock);
+  visit_pages(h, collect_page, force);
+  mld_spin_unlock(&h->lock);
+}
+
+/* ---- the slow path ---- */
+#define SWEEP_LIMIT 8    /* full pages checked for remote frees per refill: bounds the slow path */
+
+static page_t *heap_new_page(heap_t *h, unsigned c) {
+  arena_t *a = mld_heap_arena(h);
+  page_t *pg;
+  /* Abandoned pages first. One may be full (all its blocks still live): it joins our full list. The exit heap
+   * adopts none: its pages are only collected by sweeps, abandoned ones are reaped as soon as they empty. */
+  while (h != &mld_exit_heap && (pg = mld_arena_adopt(a, c, h)) != NULL) {
+    mld_page_collect(pg);
+    if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
+    if (mld_page_refill(pg)) {
+      list_push_head(&h->avail[c], pg);
+      return pg;
+    }
+    park(h, c, pg);
+  }
+  if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
+    mld_page_init(pg, c, h);
+    h->stats.cls[c].npages++;
+    h->stats.cls[c].npages_cached++;
+  } else {
+    bool zero;
+    pg = mld_arena_alloc_span_kind(a, mld_opt.page_slots[c], PAGE_SMALL, &zero);
+    if (!pg) return NULL;
+    mld_page_init(pg, c, h);
+    h->stats.cls[c].npages++;
+  }
+  if (!pg->free) mld_page_extend(pg);
+  list_push_head(&h->avail[c], pg);
+  return pg;
+}
+
+static page_t *heap_find_page(heap_t *h, unsigned c) {
+  page_list_t *avail = &h->avail[c], *full = &h->full[c];
+  page_t *pg = avail->head;
+  /* No limit here: a page is parked at most once per return from the full list, so the walk is amortised. */
+  while (pg) {
+    page_t *next = pg->next;
+    if (mld_page_refill(pg)) {
+      if (pg != avail->head) { list_remove(avail, pg); list_push_head(avail, pg); }
+      return pg;
+    }
+    list_remove(avail, pg);                 /* nothing free: park it until remote frees arrive */
+    park(h, c, pg);
+    pg = next;
+  }
+  /* Sweep the oldest full pages for remote frees before taking a new page. */
+  pg = full->head;
+  for (int i = 0; pg && i < SWEEP_LIMIT; i++) {
+    page_t *next = pg->next;
+    list_remove(full, pg);
+    if (mld_page_collect(pg)) {
+      set_in_full(pg, 0);
+      list_push_head(avail, pg);
+      return pg;
+    }
+    list_push_tail(full, pg);
+    pg = next;
+  }
+  return heap_new_page(h, c);
+}
+
+/* Find a page with a free block for class c, make it current and take a block (NULL: no memory). */
+static block_t *heap_refill_pop(heap_t *h, unsigned c) {
+  page_t *pg = heap_find_page(h, c);
+  if (unlikely(!pg)) { set_current(h, c); return NULL; }
+  make_current(h, c, pg);
+  block_t *b = pg->free;
+  pg->free = blk_next(pg, b);
+  pg->used++;
+#ifdef MALLARD_SECURE
+  secure_on_alloc(pg, b);
+#endif
+  return b;
+}
+
+void *mld_malloc_slow(heap_t *h, unsigned c) {
+  if (unlikely(h == &mld_heap_empty)) {
+    if (unlikely(mld_tls_exiting)) return mld_exit_alloc(c);
+    h = mld_heap_get();
+    if (!h) { errno = ENOMEM; return NULL; }
+  }
+  mld_spin_lock(&h->lock);
+  atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
+  block_t *b = heap_refill_pop(h, c);
+  mld_spin_unlock(&h->lock);
+  if (h->outbox_ops) mld_outbox_flush(h);   /* a refill is a good moment: no batch waits past it */
+  if (unlikely(!b)) { errno = ENOMEM; return NULL; }
+  h->stats.cls[c].nmalloc++;
+  h->stats.cls[c].nrefills++;
+  return b;
+}
+
+/* ---- the exit heap: allocations of threads past their heap's TLS destructor ----
+ * Such a thread (a TLS destructor of the program that allocates, in any round) must not make a heap that no
+ * destructor would abandon. It allocates from one shared heap under a lock; its frees, like every free of the
+ * exit heap's blocks, take the remote path (no thread has the exit heap as its own). */
+/* bound: it never moves between arenas (it is no thread's, and counts in no arena's nthreads). Its lock is
+ * held for every operation on it: nobody has a lock-free path into it. */
+heap_t mld_exit_heap = { .current = { [0 ... MLD_NUM_CLASSES - 1] = &mld_page_empty }, .bound = true };
+
+void *mld_exit_alloc(unsigned c) {
+  mld_ensure_init();
+  mld_spin_lock(&mld_exit_heap.lock);
+  if (!mld_exit_heap.arena) mld_exit_heap.arena = mld_arena_get(0);
+  block_t *b = mld_exit_heap.arena ? heap_refill_pop(&mld_exit_heap, c) : NULL;
+  if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
+  mld_spin_unlock(&mld_exit_heap.lock);
+  if (!b) errno = ENOMEM;
+  return b;
+}
+
+void mld_exit_heap_lock(void) { mld_spin_lock(&mld_exit_heap.lock); }
+void mld_exit_heap_unlock(void) { mld_spin_unlock(&mld_exit_heap.lock); }
+void mld_exit_heap_fork_child(void) { atomic_store(&mld_exit_heap.lock, 0); }
+
+/* May the class's only page stay with the heap although empty? One-slot pages always; multi-slot pages while
+ * the heap keeps at most MLD_KEEP_SLOTS slots of them (a loop over medium sizes must not thrash, an idle
+ * thread must not sit on megabytes). A kept page is not asked again until it is reused from scratch. */
+static bool keep_empty(heap_t *h, page_t *pg) {
+  if (pg->slot_count == 1 || !pg->keep_check) return true;
+  size_t kept = 0;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    const page_t *q = h->current[c];
+    if (q != pg && q->slot_count > 1 && q->used == 0 && !q->keep_check) kept += q->slot_count;
+  }
+  if (kept + pg->slot_count > MLD_KEEP_SLOTS) return false;
+  pg->keep_check = 0;
+  pg->keep_on_empty = h->current[pg->size_class] == pg;
+  return true;
+}
+
+/* The owner freed a block of a parked (full) page, or the last block of a page. A parked page returns to the
+ * class list; an empty page goes to the page cache or back to the arena, unless it is the only page of a
+ * one-slot class (kept: a malloc/free loop must not thrash). Empty multi-slot pages always leave, so that
+ * at most a 64 KiB page per small class stays with an idle thread. Under the heap lock: a sweep walks the class
+ * lists too (sweep_unparked), and the class lists and `current` change only under it. */
+void mld_page_retire(heap_t *h, page_t *pg) {
+  unsigned c = pg->size_class;
+  if (pg->in_full) {
+    list_remove(&h->full[c], pg);
+    set_in_full(pg, 0);
+    list_push_tail(&h->avail[c], pg);
+    if (pg->used) { set_current(h, c); return; }
+  }
+  if (h->avail[c].head == pg && !pg->next && keep_empty(h, pg)) return;
+  list_remove(&h->avail[c], pg);
+  set_current(h, c);
+  page_release_or_cache(h, pg);
+}
+
+/* The owner's free fast path emptied a page that may not stay (api.c): retired under the heap lock. */
+void mld_page_retire_owner(heap_t *h, page_t *pg) {
+  mld_spin_lock(&h->lock);
+  mld_page_retire(h, pg);
+  mld_spin_unlock(&h->lock);
+}
+
+/* The owner frees a block of one of its parked pages: under the heap lock, since a sweep may be giving the
+ * page's remote frees back meanwhile (the fast path never writes a parked page). */
+void mld_free_parked(void *p) {
+  heap_t *h = mld_tls_heap;
+  page_t *pg = page_of(segment_of(p), p);
+  block_t *b = p;
+  MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting this page meanwhile */
+  mld_spin_lock(&h->lock);
+  mld_owner_push(h, pg, b);
+  pg->used--;
+  mld_page_retire(h, pg);
+  mld_spin_unlock(&h->lock);
+}
+
+/* free() of a block of a small page that is not the calling thread's (a remote free). */
+void mld_free_remote(page_t *pg, void *p) {
+  heap_t *h = mld_tls_heap;
+  block_t *b = p;
+  /* A thread that only frees gets a heap too: its counters and its outbox are its own (a shared counter
+   * written by every such thread serialised them). Not past its destructor: nothing would abandon it. */
+  if (unlikely(h == &mld_heap_empty) && !mld_tls_exiting) {
+    heap_t *own = mld_heap_get();
+    if (own) h = own;
+  }
+  /* Counted first: once the block is published, the page may be collected, released and reused by others. */
+  MLD_STAT_ADD(h, cls[pg->size_class].nfree, 1);
+  MLD_STAT_ADD(h, remote_frees, 1);
+#ifdef MALLARD_SECURE
+  mld_remote_free_secure(h, pg, b);   /* its remote bit, set now; the word published in a batch (outbox.c) */
+#else
+  if (likely(h != &mld_heap_empty)) {
+    mld_outbox_add(h, pg, b);   /* batched: one CAS per batch, sent later (outbox.c) */
+    return;
+  }
+  mld_remote_push(pg, b, b, 1);   /* a thread past its destructor: at once */
+#endif
+}
+
+/* ---- sweeps: memory that waits on no thread's next allocation ----
+ * Three kinds of pages are given back by a sweep rather than by their owner: the parked pages of a heap whose
+ * owner has not refilled for a decay period (blocks freed by other threads into them would otherwise wait
+ * until it allocates again), every empty page of the exit heap (nobody allocates from it but under its lock),
+ * and the pages of a heap whose thread ended without its destructor (its `life` mutex, robust, reads as
+ * EOWNERDEAD). A send into a parked or exit-heap page asks for a sweep (mld_sweep_want); the purging thread
+ * runs it once the decay delay has passed, malloc_trim and mallard_collect at once. */
+
+/* Parked pages whose blocks have all come back go back to their arena (heap lock held, by a thread that is
+ * not the owner). The owner's fast paths never touch a parked page: they allocate from `current` pages only,
+ * and divert frees into parked pages to mld_free_parked, which waits for this lock. So `used` and `free` of a
+ * parked page change only under the lock, and a page whose every handed-out block is back is unreachable to
+ * its owner. Returns the bytes given back to the arena. */
+static size_t sweep_parked(heap_t *h) {
+  size_t bytes = 0;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    for (page_t *pg = h->full[c].head, *next; pg; pg = next) {
+      next = pg->next;
+      if (!mld_page_collect_remote(pg) || pg->used) continue;
+      MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it must not reach this page */
+      list_remove(&h->full[c], pg);
+      set_in_full(pg, 0);
+      bytes += (size_t)pg->slot_count << MLD_SLOT_SHIFT;
+#ifdef MALLARD_SECURE
+      secure_check_empty(pg);
+#endif
+      /* Counted in the shared record: the owner writes its own counters without the lock. */
+      __atomic_fetch_add(&mld_orphan_stats.cls[c].npages_released, 1, __ATOMIC_RELAXED);
+      atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+      mld_arena_free_span(segment_of(pg)->arena, pg);
+    }
+  }
+  return bytes;
+}
+
+/* Pages of the class lists that other threads have emptied are parked, so that sweep_parked gives them back (heap
+ * lock held, by a thread that may not be the owner). Such a page is not `current` (the malloc fast path pops from
+ * current pages only; `current` changes only under the lock), so the owner's fast paths reach it only by freeing a
+ * block of it that it still holds. Every block of it that is handed out waits as a published remote free exactly
+ * when the count of those equals `used`: that count only grows while the lock is held (only holders of the lock
+ * collect), and `used` only falls (the owner's frees), so a count read before `used` that equals it proves the
+ * owner holds none. Read with acquire: `used` is the last thing an owner's free writes (a release store, api.c), so
+ * whatever that free wrote into the page is done. From then on the owner cannot reach the page (a double free
+ * aside); parking it sends any later owner free to the locked path all the same. Pages whose blocks still wait in
+ * an outbox (the secure variant: in an owed word) are counted in `used` and not published: they stay. */
+static void sweep_unparked(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    for (page_t *pg = h->avail[c].head, *next; pg; pg = next) {
+      next = pg->next;
+      if (pg == h->current[c]) continue;
+      size_t n = mld_page_remote_published(pg);
+      if (n == 0 || n != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) continue;
+      MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it holds no block of this page */
+      list_remove(&h->avail[c], pg);
+      set_in_full(pg, 1);
+      list_push_tail(&h->full[c], pg);
+    }
+  }
+}
+
+/* Has a parked page, or a page of the class lists other than a current one, received remote frees (heap lock
+ * held)? */
+static bool parked_pending(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    for (page_t *pg = h->full[c].head; pg; pg = pg->next)
+      if (mld_page_remote_waiting(pg)) return true;
+    for (page_t *pg = h->avail[c].head; pg; pg = pg->next)
+      if (pg != h->current[c] && mld_page_remote_waiting(pg)) return true;
+  }
+  return false;
+}
+
+/* A heap whose thread ended without abandoning it, or NULL. Its `life` is then ours (made consistent). */
+static heap_t *find_dead_heap(void) {
+  pthread_mutex_lock(&mld_heaps_mutex);
+  heap_t *dead = NULL;
+  for (heap_t *h = mld_heaps_all; h && !dead; h = h->next_all) {
+    int rc = pthread_mutex_trylock(&h->life);
+    if (rc == EOWNERDEAD) {
+      pthread_mutex_consistent(&h->life);
+      dead = h;
+    } else if (rc == 0) {
+      pthread_mutex_unlock(&h->life);   /* not expected (registered heaps hold it): leave it as it was */
+    }
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  return dead;
+}
+
+/* Sweep what is due (everything when forced); returns the bytes given back to the arenas. */
+size_t mld_heaps_sweep(bool force) {
+  size_t bytes = 0;
+  for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
+  uint64_t now = mld_now_ms(), age = mld_purge_age();
+  uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
+  if (!force && (!since || now < since + age)) {
+    if (since) {   /* not due yet: keep the request */
+      uint64_t none = 0;
+      atomic_compare_exchange_strong(&mld_sweep_since, &none, since);
+    }
+    return 0;
+  }
+  mld_spin_lock(&mld_exit_heap.lock);
+  if (mld_exit_heap.arena) {
+    visit_pages(&mld_exit_heap, collect_page, true);
+  }
+  mld_spin_unlock(&mld_exit_heap.lock);
+  bool busy = false;
+  pthread_mutex_lock(&mld_heaps_mutex);
+  for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
+    if (!mld_spin_trylock(&h->lock)) { busy = true; continue; }
+    /* An owner that refilled within the delay will find its parked pages itself (and reuse them). */
+    uint64_t last = atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed);
+    if (force || (last <= now && now - last >= age)) {
+      sweep_unparked(h);
+      bytes += sweep_parked(h);
+    }
+    else busy |= parked_pending(h);
+    mld_spin_unlock(&h->lock);
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (busy) mld_sweep_want();   /* look again one delay later: a busy owner may have gone idle by then */
+  return bytes;
+}
+
+/* ---- fork ---- */
+/* The exit heap's lock is taken before the heaps' (it is held while a page is found, which may take them). */
+void mld_heaps_lock(void) { mld_exit_heap_lock(); pthread_mutex_lock(&mld_heaps_mutex); }
+void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); mld_exit_heap_unlock(); }
+
+/* In the child only the forking thread lives. The other threads' heaps may have been mid-update (their owners
+ * change them without locks, and hold their heap lock in slow paths), so their pages, lists and outboxes are left
+ * alone: their pages stay allocated in the child, as in jemalloc and mimalloc, and their pending batches are not
+ * sent (a half-written outbox entry cannot be told from a whole one). They leave the registry: a sweep would find
+ * the lock of a heap caught in a slow path held for ever and ask for another sweep every decay period, and
+ * nothing of theirs can come back anyway. Their counters are folded into the dead threads' record, so the
+ * statistics keep them. */
+void mld_heaps_fork_child(void) {
+  pthread_mutex_init(&mld_heaps_mutex, NULL);
+  mld_exit_heap_fork_child();
+  for (heap_t *o = mld_heaps_all, *next; o; o = next) {
+    next = o->next_all;
+    if (o == mld_tls_heap) continue;
+    mld_stats_add(&mld_dead_stats, &o->stats);
+    o->arena->nthreads--;
+    o->live = false;
+    if (o->prev_all) o->prev_all->next_all = o->next_all; else mld_heaps_all = o->next_all;
+    if (o->next_all) o->next_all->prev_all = o->prev_all;
+    o->next_all = o->prev_all = NULL;   /* never reused: its pages are still its */
+  }
+  /* The forking thread lives on with another thread id: its heap's robust `life` is made anew and held again
+   * (the parent's copy names the parent's thread, which a child thread could never unlock). */
+  heap_t *h = mld_tls_heap;
+  if (h != &mld_heap_empty) {
+    life_begin(h);
+    atomic_store_explicit(&h->lock, 0, memory_order_relaxed);
+  }
+}

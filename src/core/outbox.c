@@ -1,0 +1,149 @@
+/* core/outbox.c — remote frees: blocks freed by a thread that does not own their page, batched per page and sent with one CAS (the secure variant: a bit each, the words' summary bits batched); the sweep and reap requests they raise. */
+#include "core/core.h"
+#include "core/secure.h"
+
+/* What a remote free must ask for once its blocks are published, read before (nothing of the page is touched
+ * after): a reap of its arena when the page's owner exited; a sweep for a page that is not its owner's current
+ * one, parked or not (its owner allocates elsewhere: heap.c make_current asks for the frees sent before) or a page
+ * of the exit heap (nobody allocates from it but under its lock), which may otherwise stay
+ * unvisited for long: a sweep returns it once it is empty. */
+typedef struct remote_notice_s {
+  arena_t *reap;
+  bool sweep;
+} remote_notice_t;
+
+static inline remote_notice_t remote_notice(page_t *pg) {
+  heap_t *owner = atomic_load_explicit(&pg->heap, memory_order_relaxed);
+  remote_notice_t n = { owner == NULL ? segment_of(pg)->arena : NULL, false };
+  n.sweep = owner != NULL && (__atomic_load_n(&pg->in_full, __ATOMIC_RELAXED) ||
+                              !__atomic_load_n(&pg->is_current, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
+  return n;
+}
+
+static inline void remote_notify(remote_notice_t n) {
+  if (unlikely(n.reap != NULL)) mld_arena_want_reap(n.reap);   /* arenas live for ever */
+  else if (unlikely(n.sweep)) mld_sweep_want();
+}
+
+#ifndef MALLARD_SECURE
+/* A batch on a page's thread_free list: its first block's second word holds the batch's last block and its
+ * length (tail | count << 48; user addresses fit in 47 bits), so the owner collects a list batch by batch
+ * instead of walking every block (mld_page_collect_remote). Every class is at least 16 bytes: two words fit. */
+
+/* Publish `n` blocks of `pg`, linked head..tail, with one CAS on the page's first cache line. Everything this
+ * needs from the page is read before the CAS: once the batch is published, the owner (or an adopter or a
+ * reaper) may collect it, release the page and reuse its memory, so nothing of the page is touched after. */
+void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
+  remote_notice_t notice = remote_notice(pg);
+  ((uintptr_t *)head)[1] = (uintptr_t)tail | ((uintptr_t)n << MLD_BATCH_COUNT_SHIFT);
+  block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
+  do {
+    blk_set_next(pg, tail, old);
+  } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, head, memory_order_release,
+                                                  memory_order_relaxed));
+  MLD_RACE_WINDOW();   /* the batch is published: nothing of the page may be touched from here on */
+  remote_notify(notice);
+}
+#else
+/* Publish the bits `summary` of pg's summary word `sword` (the words whose first waiting free this thread made).
+ * Until then no block of those words can be collected (no other summary bit names them: secure.h), so the page
+ * stays in use: its summary may be written. After, nothing of the page is touched. */
+static void publish(page_t *pg, size_t sword, uint64_t summary) {
+  remote_notice_t notice = remote_notice(pg);
+  atomic_fetch_or_explicit(remote_summary(pg) + sword, summary, memory_order_release);
+  MLD_RACE_WINDOW();   /* published: nothing of the page may be touched from here on */
+  remote_notify(notice);
+}
+#endif
+
+/* ---- sweep requests: raised by sends into pages nobody may visit soon (heap.c: mld_heaps_sweep) ---- */
+_Atomic(uint64_t) mld_sweep_since;
+
+void mld_sweep_want(void) {
+  if (atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return;   /* already asked: one write per delay */
+  uint64_t none = 0, now = mld_now_ms();
+  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_dirty_notify();
+}
+
+uint64_t mld_sweep_due(void) {
+  uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
+  return since ? since + mld_purge_age() : 0;
+}
+
+/* Send one entry's batch (the secure variant: its summary bits) and empty the slot. */
+static void send(outbox_t *e) {
+  page_t *pg = e->page;
+  e->page = NULL;
+#ifndef MALLARD_SECURE
+  mld_remote_push(pg, e->head, e->tail, e->count);
+#else
+  publish(pg, e->sword, e->summary);
+#endif
+}
+
+/* Send every pending batch: at thread exit, on a refill, on malloc_trim/mallard_collect, and every
+ * MLD_OUTBOX_AGE remote frees (so a batch never waits long while its thread keeps freeing). */
+void mld_outbox_flush(heap_t *h) {
+  h->outbox_ops = 0;
+  for (unsigned i = 0; i < MLD_OUTBOX_SLOTS; i++)
+    if (h->outbox[i].page) send(&h->outbox[i]);
+}
+
+/* A page's slot in a thread's outbox: one page at a time, direct-mapped by descriptor address. */
+static inline outbox_t *outbox_slot(heap_t *h, const page_t *pg) {
+  return &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
+}
+
+#ifndef MALLARD_SECURE
+/* A block of a page this heap does not own: add it to that page's batch. A batch is sent when it holds
+ * MLD_OUTBOX_BLOCKS blocks or MLD_OUTBOX_BYTES bytes, so blocks of 8 KiB and more go out at once and at most
+ * MLD_OUTBOX_SLOTS * MLD_OUTBOX_BYTES bytes wait in a thread's outbox. */
+void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
+  outbox_t *e = outbox_slot(h, pg);
+  uint32_t bs = pg->block_size;
+  if (e->page == pg) {
+    b->next = e->head;
+    e->head = b;
+    e->count++;
+    e->bytes += bs;
+  } else {
+    if (e->page) send(e);
+    b->next = NULL;
+    e->page = pg;
+    e->head = e->tail = b;
+    e->count = 1;
+    e->bytes = bs;
+  }
+  if (e->count >= MLD_OUTBOX_BLOCKS || e->bytes >= MLD_OUTBOX_BYTES) send(e);
+  if (unlikely(++h->outbox_ops >= MLD_OUTBOX_AGE)) mld_outbox_flush(h);
+}
+#else
+/* The secure variant's remote free: no chain, and nothing written into the block. Its remote bit, set at once, is
+ * the free (a second free by any thread finds it, secure.h); the free that finds the bit's word empty owes the word
+ * to the page's summary, where the holder finds it (page.c takes the blocks word by word, checking each). That
+ * debt is batched per page like the fast variant's chains: one locked `or` for up to MLD_OUTBOX_WORDS words. */
+void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b) {
+  uint64_t sbit = remote_summary_bit(pg, b);
+  size_t sword = remote_summary_index(pg, b);   /* < pg->slot_count: b lies in one of the page's slots */
+  bool owed = secure_remote_release(pg, b) == 0;   /* else the word is owed or published already */
+  if (unlikely(h == &mld_heap_empty)) {   /* a thread past its destructor: at once */
+    if (owed) publish(pg, sword, sbit);
+    return;
+  }
+  if (owed) {
+    MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
+    /* The slot of the descriptor of b's own slot: a multi-slot page's summary words batch in slots of their own. */
+    outbox_t *e = outbox_slot(h, pg + sword);
+    if (e->page != pg || e->sword != sword) {
+      if (e->page) send(e);
+      e->page = pg;
+      e->sword = (uint32_t)sword;
+      e->summary = 0;
+      e->count = 0;
+    }
+    e->summary |= sbit;
+    if (++e->count >= MLD_OUTBOX_WORDS) send(e);
+  }
+  if (unlikely(++h->outbox_ops >= MLD_OUTBOX_AGE)) mld_outbox_flush(h);
+}
+#endif

@@ -1,0 +1,138 @@
+/* platform/os.c — the OS calls: aligned mappings, purging, remapping, huge-page advice, mapping names, clocks, CPU count and the test builds' race delay. */
+#define _GNU_SOURCE
+#include "platform/platform.h"
+#include <errno.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+_Atomic(uint64_t) mld_mapped_bytes;
+static _Atomic(uintptr_t) next_hint;       /* where the next aligned mapping is likely to fit (mappings grow down) */
+
+static void *map_raw(void *hint, size_t size, int extra_flags) {
+  void *p = mmap(hint, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra_flags, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void *mld_os_map_aligned(size_t size, size_t align, uintptr_t hint) {
+  if (align <= MLD_OS_PAGE) {
+    void *p = map_raw(NULL, size, 0);
+    if (p) atomic_fetch_add(&mld_mapped_bytes, size);
+    return p;
+  }
+  /* First try the caller's hint (the secure variant's random segment addresses), else right below the previous
+   * aligned mapping: usually free, and saves the trim. */
+  if (!hint) hint = atomic_load_explicit(&next_hint, memory_order_relaxed);
+  if (hint > size + align) {
+    uintptr_t want = (hint - size) & ~(uintptr_t)(align - 1);
+    void *p = map_raw((void *)want, size, MAP_FIXED_NOREPLACE);
+    if (p == (void *)want) {
+#ifndef MALLARD_SECURE
+      atomic_store_explicit(&next_hint, want, memory_order_relaxed);
+#endif
+      atomic_fetch_add(&mld_mapped_bytes, size);
+      return p;
+    }
+    if (p) munmap(p, size);   /* old kernels ignore the flag and may place it elsewhere */
+  }
+  if (size + align < size) return NULL;
+  size_t over = size + align - MLD_OS_PAGE;
+  uint8_t *raw = map_raw(NULL, over, 0);
+  if (!raw) return NULL;
+  uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+  if (aligned > raw) munmap(raw, (size_t)(aligned - raw));
+  size_t tail = (size_t)((raw + over) - (aligned + size));
+  if (tail) munmap(aligned + size, tail);
+  atomic_store_explicit(&next_hint, (uintptr_t)aligned, memory_order_relaxed);
+  atomic_fetch_add(&mld_mapped_bytes, size);
+  return aligned;
+}
+
+void mld_os_unmap(void *p, size_t size) {
+  if (!p || !size) return;
+  munmap(p, size);
+  atomic_fetch_sub(&mld_mapped_bytes, size);
+}
+
+bool mld_os_purge(void *p, size_t size) {
+  /* MADV_DONTNEED: RSS drops at once and the pages read back as zero. On failure nothing is known to be zero. */
+  return madvise(p, size, MADV_DONTNEED) == 0;
+}
+
+/* Huge-page advice for a new mapping (the core derives it from the thp option): asked for, refused, or left alone. */
+void mld_os_thp(void *p, size_t size, int advice) {
+  if (advice > 0) madvise(p, size, MADV_HUGEPAGE);
+  else if (advice < 0) madvise(p, size, MADV_NOHUGEPAGE);
+}
+
+/* Move a mapping (one VMA) to a new `align`ed range of new_size bytes without copying: mremap carries its pages
+ * and, where both ranges cover whole page-table pages, the tables themselves. The old range is left unmapped. */
+static void *move_to(void *old, size_t old_size, size_t new_size, size_t align) {
+  void *dst = mld_os_map_aligned(new_size, align, 0);
+  if (!dst) return NULL;
+  void *p = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+  if (p == MAP_FAILED) { mld_os_unmap(dst, new_size); return NULL; }
+  atomic_fetch_sub(&mld_mapped_bytes, old_size);   /* dst's bytes were counted by map_aligned */
+  return p;
+}
+
+/* Grow or shrink a mapping keeping `align`: in place if the kernel can, else moved (without copying) to a new aligned range. */
+void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align) {
+  void *p = mremap(old, old_size, new_size, 0);
+  if (p != MAP_FAILED) {
+    if (new_size > old_size) atomic_fetch_add(&mld_mapped_bytes, new_size - old_size);
+    else atomic_fetch_sub(&mld_mapped_bytes, old_size - new_size);
+    return p;
+  }
+  return move_to(old, old_size, new_size, align);
+}
+
+void *mld_os_move(void *old, size_t size, size_t align) { return move_to(old, size, size, align); }
+
+/* Name an anonymous mapping (Linux 5.17+ with CONFIG_ANON_VMA_NAME) so that /proc/PID/maps and `mallard vmem`
+ * show it as Mallard's; silently nothing on other kernels. */
+void mld_os_name(void *p, size_t size, const char *name) {
+  static _Atomic(int) unsupported;
+  if (atomic_load_explicit(&unsupported, memory_order_relaxed)) return;
+  if (prctl(0x53564d41 /* PR_SET_VMA */, 0 /* PR_SET_VMA_ANON_NAME */, (unsigned long)p, size, (unsigned long)name) != 0)
+    atomic_store_explicit(&unsupported, 1, memory_order_relaxed);
+}
+
+
+bool mld_os_init(void) { return true; }
+
+#ifdef MALLARD_RACE_DELAY
+/* Test builds: pause 0..~50 us (sometimes just yield) so that another thread runs inside the window. */
+void mld_race_delay(void) {
+  static _Atomic(uint64_t) seed = 0x9E3779B97F4A7C15ull;
+  uint64_t x = atomic_fetch_add_explicit(&seed, 0x9E3779B97F4A7C15ull, memory_order_relaxed);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  if (x & 1) { sched_yield(); return; }
+  struct timespec ts = { 0, (long)((x >> 8) % 50000) };
+  nanosleep(&ts, NULL);
+}
+#endif
+
+uint64_t mld_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+size_t mld_ncpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return (size_t)n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (size_t)n : 1;
+}
