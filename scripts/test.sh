@@ -17,6 +17,10 @@ cmake --build build-race -j "$jobs"
 set +e
 
 status=0
+# One-way layers (src/LAYERS): no #include of a higher layer's header, no object referring to a higher layer's symbol.
+echo "== layers (scripts/check_layers.py)"
+python3 scripts/check_layers.py --objects build/src/CMakeFiles/mallard.dir --objects build/src/CMakeFiles/mallard-secure.dir \
+  --objects build/src/CMakeFiles/mallard-prefix.dir || status=1
 echo "== ctest (release build)"
 ctest --test-dir build --output-on-failure -j "$jobs" || status=1
 echo "== ctest (ASan+UBSan build, prefixed API)"
