@@ -22,7 +22,7 @@ static void *remote_free_all(void *arg) {
   for (int i = 0; i < remote_count; i++) free(remote_batch[i]);
   return NULL;
 }
-static void *volatile sink;
+static __thread void *volatile sink;   /* per thread: several threads call opaque at once (guard-race) */
 static void *opaque(void *p);
 
 /* A thread that frees `shared` and then waits, so that the block may still sit in its outbox while the main
@@ -199,8 +199,9 @@ static void slab_overflow(size_t size, int count) {
 /* guard-race SIZE: threads take fresh pages of SIZE-byte blocks at once, each page handed out possibly placing the
  * guard of a page after it that another thread takes at the same moment; every usable byte of every block is
  * written (a guard closed inside a block faults), then the blocks are freed and the thread exits (its pages go back
- * to the arena, reused by the next threads). One size per run: with several sizes at once (4000 to 200000 bytes,
- * a size per thread) HEAD aborts now and then with "invalid pointer" in free, guard slabs or not (reported). */
+ * to the arena, reused by the next threads). One size per run. (The aborts once seen here, "invalid pointer" in
+ * free, came from this program: `sink` was one global, so a thread could take another's block from it and both
+ * freed it; it is per thread now.) */
 static size_t guard_race_size;
 static void *guard_race_thread(void *arg) {
   (void)arg;
