@@ -515,8 +515,14 @@ extern pthread_key_t mld_heap_key MLD_HIDDEN;
 /* Initialisation is the top layer's (api/init.c); every layer may need it first (a call of mallard_ctl, mallctl
  * or a profiler entry may be the process's first). The top layer registers its function at link time, as a
  * pointer in the section mld_init_hook (MLD_INIT_HOOK): mld_init_slow (state.c) calls it, so no layer refers up. */
-#define MLD_INIT_HOOK(fn) \
-  __attribute__((used, section("mld_init_hook"), aligned(sizeof(void *)))) static void (*const mld_init_hook_##fn)(void) = fn
+#if defined(__has_attribute) && __has_attribute(retain)
+#define MLD_RETAIN retain,   /* SHF_GNU_RETAIN: the section survives --gc-sections in any link */
+#else
+#define MLD_RETAIN
+#endif
+#define MLD_INIT_HOOK(fn)                                                                                \
+  __attribute__((used, MLD_RETAIN section("mld_init_hook"), aligned(sizeof(void *)))) static void (*const \
+      mld_init_hook_##fn)(void) = fn
 MLD_HIDDEN void mld_init_slow(void);
 static inline void mld_ensure_init(void) {
   if (unlikely(atomic_load_explicit(&mld_initialized, memory_order_acquire) != 2)) mld_init_slow();

@@ -9,13 +9,13 @@ pthread_key_t mld_heap_key;              /* the thread's heap, for its destructo
 uint64_t mld_start_ms;                   /* when the allocator was initialised */
 unsigned mld_auto_arenas;                /* arenas made at start-up; arenas.create adds others for binding */
 
-/* The linker gathers the top layer's MLD_INIT_HOOK pointers between these two symbols (weak: a link without the top
- * layer has none, and says so). */
-extern void (*const __start_mld_init_hook[])(void) __attribute__((weak, visibility("hidden")));
-extern void (*const __stop_mld_init_hook[])(void) __attribute__((weak, visibility("hidden")));
+/* The linker gathers the top layer's MLD_INIT_HOOK pointers between these two symbols. Strong references: they keep
+ * the section through --gc-sections, and a link without the top layer fails to link rather than at run time. */
+extern void (*const __start_mld_init_hook[])(void) __attribute__((visibility("hidden")));
+extern void (*const __stop_mld_init_hook[])(void) __attribute__((visibility("hidden")));
 
 void mld_init_slow(void) {
   void (*const *f)(void) = __start_mld_init_hook, (*const *end)(void) = __stop_mld_init_hook;
-  if (!f || f == end) mld_fatal("mallard: no initialisation linked in (api/init.c missing from this link)\n");
+  if (f == end) mld_fatal("mallard: no initialisation linked in (api/init.c missing from this link)\n");
   for (; f < end; f++) (*f)();
 }

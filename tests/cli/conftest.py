@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -22,7 +23,9 @@ class Mallard:
     def __init__(self) -> None:
         self.env = dict(os.environ)
         self.env["MALLARD_BUILD_DIR"] = str(BUILD)
-        self.env["COLUMNS"] = "200"
+        # Wide enough that where the checkout and the temporary folder lie does not change the layout: the widths the
+        # tests were written at (200 columns, short paths) plus room for longer paths in the reports.
+        self.env["COLUMNS"] = str(200 + 4 * (len(str(BUILD)) + len(tempfile.gettempdir())))
         self.env["PYTHONPATH"] = str(SRC) + os.pathsep + self.env.get("PYTHONPATH", "")
         self.env.pop("LD_PRELOAD", None)
 

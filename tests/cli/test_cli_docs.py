@@ -46,7 +46,8 @@ def test_documented_examples_still_hold(index, tmp_path, build):
     block = BLOCKS[index]
     (tmp_path / "build").symlink_to(build)  # the examples name build/... relative to the repository root
     (tmp_path / "tests").symlink_to(DOC.parent.parent / "tests")
-    got = run_block(block, tmp_path, environment(build), tmp=tmp_path)
+    # A terminal wide enough that a checkout deep in a long path does not wrap (nor fold) the report's paths.
+    got = run_block(block, tmp_path, dict(environment(build), COLUMNS="1000"), tmp=tmp_path)
     for doc, real in zip(block.examples, got):
         if silent(doc.command):
             continue
