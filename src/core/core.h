@@ -159,24 +159,7 @@ static inline bool mld_round(size_t x, size_t a, size_t *out) {
  * the free is done (heap.c sweep_unparked). On x86-64 a store is never reordered with earlier stores: a compiler
  * barrier makes the plain decrement a release (one `sub` with memory, as before: the fast path keeps its count of
  * instructions); elsewhere, and under ThreadSanitizer (which must see the release), an atomic release store. */
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define MLD_TSAN_BUILD 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define MLD_TSAN_BUILD 1
-#endif
-static inline uint32_t mld_used_release_dec(page_t *pg) {
-#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
-  atomic_signal_fence(memory_order_release);   /* compiler barrier: the free's earlier writes are emitted first */
-  return --pg->used;
-#else
-  uint32_t used = pg->used - 1;
-  __atomic_store_n(&pg->used, used, __ATOMIC_RELEASE);
-  return used;
-#endif
-}
+static inline uint32_t mld_used_release_dec(page_t *pg) { return mld_dec_release_u32(&pg->used); }
 
 
 

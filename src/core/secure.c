@@ -165,16 +165,6 @@ void mld_secure_report(const char *what, const void *p) {
   mld_fatal("mallard-secure: %s %p; aborting\n", what, p);
 }
 
-#if defined(__x86_64__)
-/* mld_secure_fail's target (secure.h): arguments in rdi and rsi as for a call; the stack is aligned here. */
-__asm__(".text\n"
-        ".globl mld_secure_fail_entry\n"
-        ".hidden mld_secure_fail_entry\n"
-        ".type mld_secure_fail_entry, @function\n"
-        "mld_secure_fail_entry:\n"
-        "  andq $-16, %rsp\n"
-        "  call mld_secure_report\n"
-        "  ud2\n"
-        ".size mld_secure_fail_entry, . - mld_secure_fail_entry\n");
-#endif
+/* mld_secure_fail's target (secure.h): it aligns the stack and calls mld_secure_report (platform.h). */
+MLD_COLD_ENTRY(mld_secure_fail_entry, mld_secure_report);
 #endif

@@ -68,17 +68,9 @@ MLD_HIDDEN void mld_secure_fork_child(void);
 MLD_HIDDEN bool mld_secure_weak_seed(void);
 MLD_HIDDEN uint64_t mld_random64(void);
 MLD_HIDDEN void mld_secure_report(const char *what, const void *p) __attribute__((noreturn, cold));
-#if defined(__x86_64__)
-/* The report is reached by a jump (secure.c: an entry that aligns the stack and calls mld_secure_report): a call
- * on the fast paths makes every malloc and free align the stack for it, although it never returns. */
-#define mld_secure_fail(what, p)                                                                   \
-  do {                                                                                             \
-    __asm__ volatile("jmp mld_secure_fail_entry" : : "D"(what), "S"((const void *)(p)));           \
-    __builtin_unreachable();                                                                       \
-  } while (0)
-#else
-#define mld_secure_fail(what, p) mld_secure_report(what, p)
-#endif
+/* The report is reached by a jump (platform.h MLD_COLD_JUMP; the entry is in secure.c): a call on the fast paths
+ * makes every malloc and free align the stack for it, although it never returns. */
+#define mld_secure_fail(what, p) MLD_COLD_JUMP(mld_secure_fail_entry, mld_secure_report, (what), (const void *)(p))
 MLD_HIDDEN void mld_shuffle(block_t **blocks, size_t n);
 MLD_HIDDEN void mld_secure_page_keys(page_t *pg);
 
@@ -140,27 +132,13 @@ static inline size_t bm_page_words(const page_t *pg) { return (size_t)pg->slot_c
 static inline uint64_t *bm_remote_word(uint64_t *live_word) { return live_word + MLD_BITMAP_BYTES / 8; }
 /* Relaxed atomic accesses (plain moves): other threads read or set bits of words their page's holder writes. */
 static inline uint64_t bm_load(const uint64_t *w) { return __atomic_load_n(w, __ATOMIC_RELAXED); }
-static inline bool bm_bit(uint64_t v, const void *p) {
-#if defined(__x86_64__)
-  bool set;
-  __asm__("btq %2, %1" : "=@ccc"(set) : "r"(v), "r"(bm_bit_index(p)));
-  return set;
-#else
-  return (v >> (bm_bit_index(p) & 63)) & 1;
-#endif
-}
+static inline bool bm_bit(uint64_t v, const void *p) { return mld_bit_test(v, bm_bit_index(p)); }
 static inline bool bm_live(const void *p) { return bm_bit(bm_load(bm_word(p)), p); }
 static inline bool bm_remote(const void *p) { return bm_bit(bm_load(bm_remote_word(bm_word(p))), p); }
 /* The page's holder hands p out: its live bit set, its remote bit clear; false (nothing written) otherwise. */
 static inline bool bm_claim(const void *p) {
   uint64_t *w = bm_word(p), v = bm_load(w), r = bm_load(bm_remote_word(w));
-  bool was;
-#if defined(__x86_64__)
-  __asm__("btsq %2, %1" : "=@ccc"(was), "+r"(v) : "r"(bm_bit_index(p)));
-#else
-  was = (v >> (bm_bit_index(p) & 63)) & 1;
-  v |= (uint64_t)1 << (bm_bit_index(p) & 63);
-#endif
+  bool was = mld_bit_test_set(&v, bm_bit_index(p));
   if (was || bm_bit(r, p)) return false;
   __atomic_store_n(w, v, __ATOMIC_RELAXED);
   return true;
@@ -168,13 +146,7 @@ static inline bool bm_claim(const void *p) {
 /* The page's holder takes p back: its live bit cleared; false (nothing written) if it was clear. */
 static inline bool bm_release(const void *p) {
   uint64_t *w = bm_word(p), v = bm_load(w);
-  bool was;
-#if defined(__x86_64__)
-  __asm__("btrq %2, %1" : "=@ccc"(was), "+r"(v) : "r"(bm_bit_index(p)));
-#else
-  was = (v >> (bm_bit_index(p) & 63)) & 1;
-  v &= ~((uint64_t)1 << (bm_bit_index(p) & 63));
-#endif
+  bool was = mld_bit_test_reset(&v, bm_bit_index(p));
   if (!was) return false;
   __atomic_store_n(w, v, __ATOMIC_RELAXED);
   return true;
@@ -239,15 +211,8 @@ static inline bool canary_damaged(const page_t *pg, const void *b) {
   return canary_damaged_of(pg->list_key, pg->block_size, b);
 }
 
-/* zero_on_free's wipe. On x86-64 `rep stosb` inline: a call to memset would make the free fast path save and
- * restore registers on every free, wiping or not. */
-static inline void secure_wipe(void *p, size_t n) {
-#if defined(__x86_64__)
-  __asm__ volatile("rep stosb" : "+D"(p), "+c"(n) : "a"(0) : "memory");
-#else
-  __builtin_memset(p, 0, n);
-#endif
-}
+/* zero_on_free's wipe (platform.h mld_wipe: inline, no call on the free fast path). */
+static inline void secure_wipe(void *p, size_t n) { mld_wipe(p, n); }
 
 /* A small block is handed out (its link already decoded): it must be free, it becomes live, and its link word is
  * cleared (it held the next free block's encrypted address). Its canary is in place already. */

@@ -63,4 +63,85 @@ static inline void mld_spin_lock(_Atomic(int) *l) {
 }
 static inline void mld_spin_unlock(_Atomic(int) *l) { atomic_store_explicit(l, 0, memory_order_release); }
 
+/* ---- the CPU: what differs between architectures, in one place (x86-64 first; any other: portable C) ---- */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MLD_TSAN_BUILD 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define MLD_TSAN_BUILD 1
+#endif
+
+/* Bit i (mod 64) of v. x86-64: `bt` reads it into the carry flag (no shift-and-mask chain on the fast paths). */
+static inline bool mld_bit_test(uint64_t v, uint64_t i) {
+#if defined(__x86_64__)
+  bool set;
+  __asm__("btq %2, %1" : "=@ccc"(set) : "r"(v), "r"(i));
+  return set;
+#else
+  return (v >> (i & 63)) & 1;
+#endif
+}
+/* Sets bit i (mod 64) of *v; returns its old value. */
+static inline bool mld_bit_test_set(uint64_t *v, uint64_t i) {
+  bool was;
+#if defined(__x86_64__)
+  __asm__("btsq %2, %1" : "=@ccc"(was), "+r"(*v) : "r"(i));
+#else
+  was = (*v >> (i & 63)) & 1;
+  *v |= (uint64_t)1 << (i & 63);
+#endif
+  return was;
+}
+/* Clears bit i (mod 64) of *v; returns its old value. */
+static inline bool mld_bit_test_reset(uint64_t *v, uint64_t i) {
+  bool was;
+#if defined(__x86_64__)
+  __asm__("btrq %2, %1" : "=@ccc"(was), "+r"(*v) : "r"(i));
+#else
+  was = (*v >> (i & 63)) & 1;
+  *v &= ~((uint64_t)1 << (i & 63));
+#endif
+  return was;
+}
+/* Zeroes n bytes. x86-64: `rep stosb` inline, since a call to memset would make its caller (a free fast path) save
+ * and restore registers on every call, wiping or not. */
+static inline void mld_wipe(void *p, size_t n) {
+#if defined(__x86_64__)
+  __asm__ volatile("rep stosb" : "+D"(p), "+c"(n) : "a"(0) : "memory");
+#else
+  __builtin_memset(p, 0, n);
+#endif
+}
+/* *x -= 1 with release semantics (the caller's earlier writes are visible before it); returns the new value. On
+ * x86-64 a store is never reordered with earlier stores: a compiler barrier makes the plain decrement a release
+ * (one `sub` with memory); elsewhere, and under ThreadSanitizer (which must see the release), an atomic store. */
+static inline uint32_t mld_dec_release_u32(uint32_t *x) {
+#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
+  atomic_signal_fence(memory_order_release);   /* compiler barrier: earlier writes are emitted first */
+  return --*x;
+#else
+  uint32_t v = *x - 1;
+  __atomic_store_n(x, v, __ATOMIC_RELEASE);
+  return v;
+#endif
+}
+/* A never-returning report reached by a jump from a fast path: a call there would make every caller align the stack
+ * for it. MLD_COLD_ENTRY(entry, target) defines the entry (it aligns the stack and calls target(a, b));
+ * MLD_COLD_JUMP(entry, target, a, b) jumps to it (elsewhere than x86-64: calls target). */
+#if defined(__x86_64__)
+#define MLD_COLD_JUMP(entry, target, a, b)                                                    \
+  do {                                                                                        \
+    __asm__ volatile("jmp " #entry : : "D"(a), "S"(b));                                       \
+    __builtin_unreachable();                                                                  \
+  } while (0)
+#define MLD_COLD_ENTRY(entry, target)                                                         \
+  __asm__(".text\n.globl " #entry "\n.hidden " #entry "\n.type " #entry ", @function\n" #entry \
+          ":\n  andq $-16, %rsp\n  call " #target "\n  ud2\n.size " #entry ", . - " #entry "\n")
+#else
+#define MLD_COLD_JUMP(entry, target, a, b) target(a, b)
+#define MLD_COLD_ENTRY(entry, target)
+#endif
+
 #endif
