@@ -13,12 +13,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+OWN: dict[str, set[str]] = {}  # layer -> outside symbols (the C library's) that only that layer may call
+
+
 def read_layers(path: Path) -> list[tuple[str, list[str]]]:
-    """[(layer, [patterns relative to src/])], bottom first. A line: `NAME: PATTERN [PATTERN...]`; # starts a comment."""
+    """[(layer, [patterns relative to src/])], bottom first. A line: `NAME: PATTERN [PATTERN...]`; # starts a comment.
+    A line `@NAME: SYMBOL...` reserves those outside symbols (OS calls) to layer NAME (kept in OWN)."""
     layers = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
+            continue
+        if line.startswith("@"):
+            name, sep, syms = line[1:].partition(":")
+            if not sep or not name.strip() or not syms.split():
+                sys.exit(f"{path}:{n}: expected '@LAYER: SYMBOL...', got {line!r}")
+            OWN.setdefault(name.strip(), set()).update(syms.split())
             continue
         name, sep, pats = line.partition(":")
         if not sep or not name.strip() or not pats.split():
@@ -26,6 +36,9 @@ def read_layers(path: Path) -> list[tuple[str, list[str]]]:
         layers.append((name.strip(), pats.split()))
     if not layers:
         sys.exit(f"{path}: no layers")
+    unknown = set(OWN) - {name for name, _ in layers}
+    if unknown:
+        sys.exit(f"{path}: '@' names no layer: {', '.join(sorted(unknown))}")
     return layers
 
 
@@ -90,8 +103,11 @@ def symbol_violations(objdir: Path, layers, sources: set[str]) -> tuple[list[str
     for rel, (_, undefined) in sorted(table.items()):
         me = layer_of(rel, layers)
         for s in sorted(undefined):
-            if s not in owner:
-                continue  # libc, pthreads, the compiler's helpers
+            if s not in owner:  # libc, pthreads, the compiler's helpers: free to all but what a layer keeps
+                keeper = next((name for name, syms in OWN.items() if s in syms), None)
+                if keeper is not None and me is not None and layers[me][0] != keeper:
+                    out.append(f"src/{rel}: calls {s}, which only the {keeper} layer may call")
+                continue
             them = layer_of(owner[s], layers)
             if me is not None and them is not None and them > me:
                 out.append(f"src/{rel}: uses {s}, defined in src/{owner[s]} ({layers[them][0]}), from the "

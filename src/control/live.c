@@ -175,7 +175,7 @@ static int refuse(int e, const char *fmt, ...) {
 /* ---- reading another process's memory: the kernel allows it to the same user (ptrace rules) or root ---- */
 static int rd(pid_t pid, uint64_t addr, void *buf, size_t n) {
   struct iovec l = { buf, n }, r = { (void *)(uintptr_t)addr, n };
-  ssize_t got = syscall(SYS_process_vm_readv, pid, &l, 1UL, &r, 1UL, 0UL);
+  long got = mld_os_read_process(pid, &l, &r, 1);
   if (got == (ssize_t)n) return 0;
   return got < 0 ? errno : EFAULT;   /* a partial read: part of the range is not mapped (any more) */
 }
@@ -317,7 +317,7 @@ static bool rd_heap(pid_t pid, uint64_t h, uint64_t *next, unsigned char *st) {
   if (h > UINT64_MAX - LIVE_MAX_RECORD) return false;
   struct iovec l[2] = { { next, sizeof *next }, { st, rec_size[R_HS] } };
   struct iovec r[2] = { { (void *)(uintptr_t)(h + on), sizeof *next }, { (void *)(uintptr_t)(h + os), rec_size[R_HS] } };
-  ssize_t got = syscall(SYS_process_vm_readv, pid, l, 2UL, r, 2UL, 0UL);
+  long got = mld_os_read_process(pid, l, r, 2);
   return got == (ssize_t)(sizeof *next + rec_size[R_HS]);
 }
 
@@ -355,7 +355,7 @@ static bool remote_purge_thread(pid_t pid) {
   if (dfd < 0) return false;
   bool found = false;
   long n;
-  while (!found && (n = syscall(SYS_getdents64, dfd, buf, sizeof buf)) > 0) {
+  while (!found && (n = mld_os_getdents(dfd, buf, sizeof buf)) > 0) {
     for (long off = 0; off < n && !found;) {
       const char *d_name = buf + off + 19;   /* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, name */
       unsigned short reclen;
@@ -457,9 +457,7 @@ static int remote_snapshot(pid_t pid, stats_snapshot_t *s) {
   s->exe[xl > 0 ? xl : 0] = 0;
   uint64_t now = mld_now_ms();   /* CLOCK_MONOTONIC_COARSE: the same clock in every process of this boot */
   s->uptime_ms = now >= start_ms ? now - start_ms : 0;
-  cpu_set_t set;
-  int nc = sched_getaffinity(pid, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-  s->ncpus = nc > 0 ? (size_t)nc : mld_ncpus();
+  s->ncpus = mld_ncpus_of(pid);
   s->purge_running = remote_purge_thread(pid);
   s->purge_wakeups_known = false;   /* background.c keeps its counter private: not in the root */
   return 0;

@@ -10,20 +10,15 @@ arena_t *mld_arenas[MLD_MAX_ARENAS];
 _Atomic(unsigned) mld_narenas;
 static pthread_mutex_t arenas_create_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Lock with contention accounting: an uncontended acquisition costs one trylock. */
 void mld_lock(pthread_mutex_t *m, lock_stats_t *st) {
   if (pthread_mutex_trylock(m) != 0) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mld_now_ns();
     pthread_mutex_lock(m);
     mld_tls_contended = true;
     st->contended++;
-    st->wait_ns += now_ns() - t0;
+    st->wait_ns += mld_now_ns() - t0;
   }
   st->ops++;
 }
@@ -157,9 +152,9 @@ static prot_plan_t prot_plan(page_t *pg, size_t n, int want) {
  * not be placed is only missing: its bit is cleared, under the lock. */
 static bool prot_apply(arena_t *a, const prot_plan_t *p, bool *closed) {
   *closed = !p->close;
-  if (p->open && mprotect(p->open, (size_t)(p->open_end - p->open), PROT_READ | PROT_WRITE) != 0) return false;
+  if (p->open && !mld_os_protect(p->open, (size_t)(p->open_end - p->open), true)) return false;
   if (p->close) {
-    *closed = mprotect(p->close, (size_t)(p->close_end - p->close), PROT_NONE) == 0;
+    *closed = mld_os_protect(p->close, (size_t)(p->close_end - p->close), false);
     if (!*closed) {
       segment_t *seg = segment_of(p->close);
       arena_lock(a);
@@ -229,7 +224,7 @@ static segment_t *segment_new(arena_t *a, unsigned use) {
   mld_os_name(seg, MLD_SEGMENT_SIZE, "mallard");
 #ifdef MALLARD_SECURE
   /* Metadata lives apart from user data: the tail of the metadata slots is a guard between them. */
-  mprotect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_FIRST_SLOT * MLD_SLOT_SIZE - MLD_GUARD_OFFSET, PROT_NONE);
+  mld_os_protect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_FIRST_SLOT * MLD_SLOT_SIZE - MLD_GUARD_OFFSET, false);
 #endif
   seg->kind = SEG_NORMAL;
   seg->use = use;
@@ -302,7 +297,7 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   arena_unlock(a);
 #ifdef MALLARD_SECURE
   if (next_guard) MLD_RACE_WINDOW();   /* its bit set, the page not closed yet: another thread may take the page */
-  if (next_guard && mprotect(next_guard, MLD_OS_PAGE, PROT_NONE) != 0) {   /* only missing: as prot_apply does */
+  if (next_guard && !mld_os_protect(next_guard, MLD_OS_PAGE, false)) {   /* only missing: as prot_apply does */
     arena_lock(a);
     segment_of(pg)->prot_tail &= ~next_bit;
     arena_unlock(a);
@@ -506,7 +501,7 @@ void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
   if (new_slots >= n) return;
 #ifdef MALLARD_SECURE
   uint8_t *guard = page_start(pg) + ((new_slots - 1) << MLD_SLOT_SHIFT);
-  bool closed = mprotect(guard, MLD_SLOT_SIZE, PROT_NONE) == 0;
+  bool closed = mld_os_protect(guard, MLD_SLOT_SIZE, false);
 #endif
   arena_lock(a);
   uint64_t now = mld_now_ms();

@@ -60,9 +60,7 @@ static bool any_dirty(uint64_t *due) {
 
 static void *bg_main(void *arg) {
   (void)arg;
-  sigset_t all;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, NULL);   /* never run the program's signal handlers */
+  /* Started with every signal blocked (mld_thread_start): it never runs the program's signal handlers. */
   for (;;) {
     uint64_t due;
     pthread_mutex_lock(&bg_lock);
@@ -80,11 +78,7 @@ static void *bg_main(void *arg) {
     uint64_t now = mld_now_ms();
     if (due > now) {
       struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      uint64_t wait = due - now + 5;          /* the coarse clock lags a few ms */
-      ts.tv_sec += (time_t)(wait / 1000);
-      ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-      if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+      mld_deadline_after_ms(&ts, due - now + 5);   /* the coarse clock lags a few ms */
       pthread_cond_timedwait(&bg_cond, &bg_lock, &ts);
     }
     pthread_mutex_unlock(&bg_lock);
@@ -122,15 +116,7 @@ void mld_dirty_notify(void) {
 static _Atomic(uint64_t) bg_retry_ms;    /* after a failed start: not before this time */
 
 /* The purging thread, detached; stack_size 0: the default. */
-static int bg_create(pthread_t *t, size_t stack_size) {
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  if (stack_size) pthread_attr_setstacksize(&attr, stack_size);
-  int rc = pthread_create(t, &attr, bg_main, NULL);
-  pthread_attr_destroy(&attr);
-  return rc;
-}
+static int bg_create(pthread_t *t, size_t stack_size) { return mld_thread_start(t, bg_main, stack_size); }
 
 /* Allocation slow paths, at their end, no lock held: start the purging thread once it is worth having. */
 void mld_purge_thread_maybe_start(void) {

@@ -34,7 +34,7 @@ static void freed_wipe(uint8_t *p, size_t n, uint8_t *wipe, size_t wipe_len) {
  * Without zero_on_free it stays resident (reused without page faults), unreadable. Huge blocks: huge_retire. */
 static bool noaccess(uint8_t *p, size_t n, size_t block_size, uint8_t *wipe, size_t wipe_len) {
   freed_wipe(p, n, wipe, wipe_len);
-  return block_size >= mld_opt.secure_noaccess_min && mprotect(p, n, PROT_NONE) == 0;
+  return block_size >= mld_opt.secure_noaccess_min && mld_os_protect(p, n, false);
 }
 
 /* Freed large blocks wait here, inaccessible, before their spans go back to the arena: the next large malloc
@@ -291,7 +291,7 @@ static segment_t *huge_retire(segment_t *seg, void *p) {
   size_t end = (size_t)((uint8_t *)p - (uint8_t *)seg) + seg->user_size;
   freed_wipe((uint8_t *)seg + MLD_HUGE_HEADER, seg->map_size - MLD_HUGE_HEADER, p, seg->user_size);
   /* [end, guard_end) is PROT_NONE (mld_huge_alloc, mld_huge_resize_within), the rest accessible */
-  bool open = seg->guard_end <= end || mprotect((uint8_t *)seg + end, seg->guard_end - end, PROT_READ | PROT_WRITE) == 0;
+  bool open = seg->guard_end <= end || mld_os_protect((uint8_t *)seg + end, seg->guard_end - end, true);
   if (open && seg->user_size < mld_opt.secure_noaccess_min) return seg;   /* option: kept where it is */
   /* Cached pieces still at their place (the rest of a mapping split when it was taken) move along: one mapping
    * again, as in the fast variant's cache, instead of pieces too small for the next large request. */
@@ -408,7 +408,7 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
    * the guard stays so: no linear overflow reaches it without faulting first, and its pages, resident from an
    * earlier block, cost no page-table walk now or when the block is freed. */
   size_t end = off + usable;
-  seg->guard_end = mprotect((uint8_t *)seg + end, MLD_OS_PAGE, PROT_NONE) == 0 ? end + MLD_OS_PAGE : end;
+  seg->guard_end = mld_os_protect((uint8_t *)seg + end, MLD_OS_PAGE, false) ? end + MLD_OS_PAGE : end;
 #endif
   seg->user_size = usable;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
   if (zero && !fresh && dirty > off)   /* all of the usable size that may hold old data */
@@ -618,12 +618,12 @@ bool mld_huge_resize_within(segment_t *seg, size_t size) {
    * by a shrink are purged and closed. */
   size_t old_end = off + seg->user_size, new_end = off + user_size, guard_end = seg->guard_end;
   if (new_end > old_end) {
-    if (mprotect((uint8_t *)seg + old_end, new_end - old_end, PROT_READ | PROT_WRITE) != 0) return false;
+    if (!mld_os_protect((uint8_t *)seg + old_end, new_end - old_end, true)) return false;
     if (new_end >= guard_end)   /* new_end <= cap: the page fits the mapping */
-      guard_end = mprotect((uint8_t *)seg + new_end, MLD_OS_PAGE, PROT_NONE) == 0 ? new_end + MLD_OS_PAGE : new_end;
+      guard_end = mld_os_protect((uint8_t *)seg + new_end, MLD_OS_PAGE, false) ? new_end + MLD_OS_PAGE : new_end;
   } else if (new_end < old_end) {
     mld_os_purge((uint8_t *)seg + new_end, old_end - new_end);
-    if (mprotect((uint8_t *)seg + new_end, old_end - new_end, PROT_NONE) == 0 && guard_end < old_end) guard_end = old_end;
+    if (mld_os_protect((uint8_t *)seg + new_end, old_end - new_end, false) && guard_end < old_end) guard_end = old_end;
   }
 #endif
   pthread_mutex_lock(&huge_lock);

@@ -30,10 +30,9 @@ static _Atomic(uint64_t) fallback_count;
  * by every thread and every fork child of the exec): noted, and announced under `verbose`. */
 static void seed_fallback(uint8_t *key, size_t len) {
   atomic_store(&weak_seed, true);
-  const uint8_t *at = (const uint8_t *)getauxval(AT_RANDOM);
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)&ts ^
+  const uint8_t *at = mld_os_exec_random();
+  uint64_t ns = mld_now_ns();
+  uint64_t x = (ns % 1000000000u) ^ ((ns / 1000000000u) << 32) ^ (uint64_t)(uintptr_t)&ns ^
                ((uint64_t)getpid() << 40) ^ (atomic_fetch_add(&fallback_count, 1) * MLD_MIX);
   for (size_t i = 0; i < len; i++) {
     x ^= x >> 31;
@@ -45,7 +44,7 @@ static void seed_fallback(uint8_t *key, size_t len) {
 
 static void get_seed(void *buf, size_t len) {
   memset(buf, 0, len);
-  if (getrandom(buf, len, GRND_NONBLOCK) != (ssize_t)len) seed_fallback(buf, len);
+  if (!mld_os_random(buf, len)) seed_fallback(buf, len);
 }
 
 static void rng_block(rng_t *r);

@@ -54,13 +54,13 @@ static bool pool_make(void) {
   size_t pages = 2 * (size_t)n + 1;
   size_t len = (pages * MLD_OS_PAGE + MLD_SEGMENT_SIZE - 1) & ~(size_t)MLD_SEGMENT_MASK;
   size_t meta = ((size_t)n * sizeof(slot_t) + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1);
-  uint8_t *raw = mmap(NULL, len + MLD_SEGMENT_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) return false;
+  uint8_t *raw = mld_os_map_plain(len + MLD_SEGMENT_SIZE, false);   /* PROT_NONE: pages open one by one */
+  if (!raw) return false;
   uint8_t *base = (uint8_t *)(((uintptr_t)raw + MLD_SEGMENT_MASK) & ~(uintptr_t)MLD_SEGMENT_MASK);
-  if (base > raw) munmap(raw, (size_t)(base - raw));
-  if (raw + MLD_SEGMENT_SIZE > base) munmap(base + len, (size_t)(raw + MLD_SEGMENT_SIZE - base));
-  void *m = mmap(NULL, meta, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) { munmap(base, len); return false; }
+  if (base > raw) mld_os_unmap_plain(raw, (size_t)(base - raw));
+  if (raw + MLD_SEGMENT_SIZE > base) mld_os_unmap_plain(base + len, (size_t)(raw + MLD_SEGMENT_SIZE - base));
+  void *m = mld_os_map_plain(meta, true);
+  if (!m) { mld_os_unmap_plain(base, len); return false; }
   mld_os_name(base, len, "mallard guarded pool");
   slots = m;
   nslots = n;
@@ -83,9 +83,8 @@ static __thread uint64_t tls_rng;
 static uint64_t rng_next(void) { return mld_xorshift64s(&tls_rng); }
 
 static void rng_seed(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t s = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uintptr_t)&tls_rng * 0x9E3779B97F4A7C15ULL);
+  uint64_t ns = mld_now_ns();
+  uint64_t s = ((ns % 1000000000u) << 20) ^ (ns / 1000000000u) ^ ((uintptr_t)&tls_rng * 0x9E3779B97F4A7C15ULL);
   s ^= s >> 31; s *= 0xBF58476D1CE4E5B9ULL; s ^= s >> 29;
   tls_rng = s ? s : 1;
 }
@@ -119,7 +118,6 @@ static uint8_t capture(uintptr_t *pcs, const void *ra) {
   return (uint8_t)n;
 }
 
-static uint32_t tid(void) { return (uint32_t)syscall(SYS_gettid); }
 
 /* ---- reports: async-signal-safe (the fault handler writes them): no stdio, no allocation ---- */
 typedef struct out_s { char buf[2048]; size_t n; } out_t;
@@ -240,7 +238,7 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   /* Slot i is this thread's alone until it is published LIVE (it is neither unused nor on the FIFO): its page is
    * opened and filled without the lock, so that samples in other threads do not wait behind a system call. */
   uint8_t *page = (uint8_t *)data_page(i);
-  if (mprotect(page, MLD_OS_PAGE, PROT_READ | PROT_WRITE) != 0) {   /* no memory for the page tables: back on the FIFO */
+  if (!mld_os_protect(page, MLD_OS_PAGE, true)) {   /* no memory for the page tables: back on the FIFO */
     pthread_mutex_lock(&pool_lock);
     fifo_push(i);
     pthread_mutex_unlock(&pool_lock);
@@ -258,7 +256,7 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   s->size = size;
   s->alloc_depth = depth;
   memcpy(s->alloc_pcs, pcs, depth * sizeof *pcs);
-  s->alloc_tid = tid();
+  s->alloc_tid = mld_os_tid();
   s->free_depth = 0;
   atomic_store_explicit(&s->state, SLOT_LIVE, memory_order_release);
   atomic_fetch_add_explicit(&st_samples, 1, memory_order_relaxed);
@@ -308,7 +306,7 @@ void mld_guard_free(void *p, const void *ra) {
   }
   s->free_depth = depth;
   memcpy(s->free_pcs, pcs, depth * sizeof *pcs);
-  s->free_tid = tid();
+  s->free_tid = mld_os_tid();
   atomic_store_explicit(&s->state, SLOT_FREED, memory_order_release);
   pthread_mutex_unlock(&pool_lock);
   /* The slot is this thread's alone again (FREED, not yet on the FIFO): its slack is checked and its page closed
@@ -318,8 +316,8 @@ void mld_guard_free(void *p, const void *ra) {
   const uint8_t *over = damaged((uint8_t *)p + s->size, (size_t)(end - ((uint8_t *)p + s->size)));
   bool reuse = !atomic_load_explicit(&s->retired, memory_order_acquire);
   if (reuse) {
-    mprotect(page, MLD_OS_PAGE, PROT_NONE);        /* a use after free faults from here on */
-    madvise(page, MLD_OS_PAGE, MADV_DONTNEED);     /* the memory goes back; the page reads zero when reused */
+    mld_os_protect(page, MLD_OS_PAGE, false);      /* a use after free faults from here on */
+    mld_os_purge(page, MLD_OS_PAGE);               /* the memory goes back; the page reads zero when reused */
   }   /* else: opened by a report (guard_action:report) for good: the slot is not reused */
   atomic_fetch_sub_explicit(&st_live, 1, memory_order_relaxed);
   if (under || over) {
@@ -396,7 +394,7 @@ static void report_fault(uintptr_t a) {
     /* the page opens for good, and every slot it touches is never protected nor reused again */
     if (page / 2 < nslots) atomic_store(&slots[page / 2].retired, 1);        /* data page's slot, or the one after */
     if (!(page & 1) && page >= 2 && page / 2 - 1 < nslots) atomic_store(&slots[page / 2 - 1].retired, 1);
-    mprotect((void *)(base + page * MLD_OS_PAGE), MLD_OS_PAGE, PROT_READ | PROT_WRITE);
+    mld_os_protect((void *)(base + page * MLD_OS_PAGE), MLD_OS_PAGE, true);
   }
   finish(&o);
 }

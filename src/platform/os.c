@@ -3,6 +3,11 @@
 #include "platform/platform.h"
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/auxv.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -127,12 +132,80 @@ uint64_t mld_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-size_t mld_ncpus(void) {
+size_t mld_ncpus(void) { return mld_ncpus_of(0); }
+
+/* The CPUs process pid (0: this one) may run on; all online CPUs when its affinity cannot be read. */
+size_t mld_ncpus_of(int pid) {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+  if (sched_getaffinity(pid, sizeof set, &set) == 0) {
     int n = CPU_COUNT(&set);
     if (n > 0) return (size_t)n;
   }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (size_t)n : 1;
 }
+
+uint64_t mld_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t mld_realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- plain mappings: not counted in mld_mapped_bytes (their owners count them) ---- */
+void *mld_os_map_plain(size_t size, bool accessible) {
+  void *p = mmap(NULL, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | (accessible ? 0 : MAP_NORESERVE), -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void mld_os_unmap_plain(void *p, size_t size) {
+  if (p && size) munmap(p, size);
+}
+
+void *mld_os_remap_plain(void *p, size_t old_size, size_t new_size) {
+  void *q = mremap(p, old_size, new_size, MREMAP_MAYMOVE);
+  return q == MAP_FAILED ? NULL : q;
+}
+
+bool mld_os_protect(void *p, size_t size, bool accessible) {
+  return mprotect(p, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) == 0;
+}
+
+/* ---- threads: the purging thread and the profiler's dump thread ---- */
+int mld_thread_start(pthread_t *t, void *(*fn)(void *), size_t stack_size) {
+  pthread_attr_t attr;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);   /* inherited by the new thread: every signal blocked from its start */
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (stack_size) pthread_attr_setstacksize(&attr, stack_size);
+  int rc = pthread_create(t, &attr, fn, NULL);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return rc;
+}
+
+/* ---- randomness and thread ids ---- */
+bool mld_os_random(void *buf, size_t len) { return getrandom(buf, len, GRND_NONBLOCK) == (ssize_t)len; }
+const uint8_t *mld_os_exec_random(void) { return (const uint8_t *)getauxval(AT_RANDOM); }
+uint32_t mld_os_tid(void) { return (uint32_t)syscall(SYS_gettid); }
+
+void mld_deadline_after_ms(struct timespec *ts, uint64_t wait_ms) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += (time_t)(wait_ms / 1000);
+  ts->tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
+}
+
+/* ---- other processes (the live-statistics reader) ---- */
+long mld_os_read_process(int pid, const struct iovec *local, const struct iovec *remote, unsigned long n) {
+  return syscall(SYS_process_vm_readv, pid, local, n, remote, n, 0UL);
+}
+long mld_os_getdents(int fd, void *buf, size_t len) { return syscall(SYS_getdents64, fd, buf, len); }

@@ -29,7 +29,29 @@ MLD_HIDDEN void *mld_os_move(void *old, size_t size, size_t align);   /* NULL: n
 MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_os_name(void *p, size_t size, const char *name);
 MLD_HIDDEN uint64_t mld_now_ms(void);
+MLD_HIDDEN uint64_t mld_now_ns(void);                               /* CLOCK_MONOTONIC, ns */
+MLD_HIDDEN uint64_t mld_realtime_ns(void);                          /* CLOCK_REALTIME, ns since the epoch */
+/* Mappings outside the allocator's accounting (the profiler's tables, the guarded pool): NULL on failure. */
+MLD_HIDDEN void *mld_os_map_plain(size_t size, bool accessible);   /* accessible: read-write; else PROT_NONE, no reserve */
+MLD_HIDDEN void mld_os_unmap_plain(void *p, size_t size);
+MLD_HIDDEN void *mld_os_remap_plain(void *p, size_t old_size, size_t new_size);   /* may move; NULL: unchanged */
+MLD_HIDDEN bool mld_os_protect(void *p, size_t size, bool accessible);           /* false: mprotect failed */
+/* A detached thread that starts with every signal blocked (it never runs the program's handlers); stack_size 0:
+ * the default. Returns pthread_create's result. */
+MLD_HIDDEN int mld_thread_start(pthread_t *t, void *(*fn)(void *), size_t stack_size);
+MLD_HIDDEN bool mld_os_random(void *buf, size_t len);              /* the kernel's entropy, without blocking */
+MLD_HIDDEN const uint8_t *mld_os_exec_random(void);                 /* AT_RANDOM: 16 bytes per exec, or NULL */
+MLD_HIDDEN uint32_t mld_os_tid(void);
+/* A CLOCK_MONOTONIC deadline wait_ms from now, for pthread_cond_timedwait on a condition using that clock. */
+struct timespec;
+MLD_HIDDEN void mld_deadline_after_ms(struct timespec *ts, uint64_t wait_ms);
+/* Another process's memory (process_vm_readv: the same user, ptrace rules applying, or root): bytes read, or -1
+ * with errno. Entries are (local, remote) address and length pairs, n of each. */
+struct iovec;
+MLD_HIDDEN long mld_os_read_process(int pid, const struct iovec *local, const struct iovec *remote, unsigned long n);
+MLD_HIDDEN long mld_os_getdents(int fd, void *buf, size_t len);    /* getdents64: bytes, 0 at the end, -1 */
 MLD_HIDDEN size_t mld_ncpus(void);
+MLD_HIDDEN size_t mld_ncpus_of(int pid);                            /* another process's CPUs (0: this one) */
 extern _Atomic(uint64_t) mld_mapped_bytes MLD_HIDDEN;
 
 /* One step of xorshift64* over *state (non-zero): the samplers' draws (prof.c, guarded.c), which need no secret. */

@@ -51,13 +51,11 @@ static int dump_to(const char *path) {
   size_t bytes, n = mld_prof_snapshot_at(&a, &bytes, &start);
   int err = ENOMEM;
   if (a) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t now = (int64_t)mld_realtime_ns();
     mld_pprof_info_t info = { start, now - start, (int64_t)mld_prof_mean() };
     iter_t it = { a, n, 0 };
     err = mld_pprof_write_file(path, &info, next_sample, &it);
-    munmap(a, bytes);
+    mld_os_unmap_plain(a, bytes);
   }
   if (!err) atomic_fetch_add(&dumps_written, 1);
   mld_self_alloc = was_busy;
@@ -148,17 +146,8 @@ void mld_prof_dump_after_sample(double est_bytes) {
   if (mld_prof_opt.signal && !atomic_load_explicit(&thread_state, memory_order_relaxed)) {
     int expect = 0;
     if (atomic_compare_exchange_strong(&thread_state, &expect, 1)) {
-      pthread_attr_t at;
-      pthread_t t;
-      sigset_t all, old;
-      sigfillset(&all);
-      pthread_sigmask(SIG_SETMASK, &all, &old);   /* the thread starts with every signal blocked */
-      pthread_attr_init(&at);
-      pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-      pthread_attr_setstacksize(&at, 256 * 1024);
-      if (pthread_create(&t, &at, dump_thread, NULL) != 0) atomic_store(&thread_state, 0);
-      pthread_attr_destroy(&at);
-      pthread_sigmask(SIG_SETMASK, &old, NULL);
+      pthread_t t;   /* detached, every signal blocked from its start (mld_thread_start) */
+      if (mld_thread_start(&t, dump_thread, 256 * 1024) != 0) atomic_store(&thread_state, 0);
     }
   }
   /* a signal that came before the dump thread could start (or when it cannot start): this sample writes it */
@@ -194,7 +183,7 @@ static void leak_report(void) {
   if (blocks < 0.5) {
     mld_message("mallard: prof_leak: no sampled block was live at exit (sampling: leaks much smaller than "
                 "prof_sample:%zu bytes may go unseen)\n", mld_prof_mean());
-    munmap(a, bytes);
+    mld_os_unmap_plain(a, bytes);
     return;
   }
   size_t sites = 0;
@@ -216,7 +205,7 @@ static void leak_report(void) {
     mld_message("%s\n", line);
     a[best].is = 0;
   }
-  munmap(a, bytes);
+  mld_os_unmap_plain(a, bytes);
 }
 
 /* A destructor: it runs after the program's own atexit handlers and destructors (the preloaded library is finalised

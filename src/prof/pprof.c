@@ -17,8 +17,9 @@
  *  - Function names from dladdr1(RTLD_DL_SYMENT) (the dynamic symbol tables), accepted only if pc - 1 lies inside
  *    [st_value, st_value + st_size) of that function symbol: a neighbouring exported symbol is no answer. name and
  *    system_name are the symbol as linked (C++ names mangled: pprof demangles them).
- * Memory: growable buffers (mmap, mremap) and open-addressing hash tables, all unmapped before returning. */
+ * Memory: growable buffers (platform plain mappings) and open-addressing hash tables, all unmapped before returning. */
 #define _GNU_SOURCE
+#include "platform/platform.h"
 #include "prof/pprof.h"
 #include "prof/gzip.h"
 #include <dlfcn.h>
@@ -35,10 +36,7 @@
 /* ---- mapped memory ------------------------------------------------------------------------------------------- */
 #define PP_MIN_MAP ((size_t)64 * 1024)
 
-static void *pp_map(size_t size) {
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
+static void *pp_map(size_t size) { return mld_os_map_plain(size, true); }
 
 /* A growable byte buffer; cap is 0 or a power of two >= PP_MIN_MAP (a whole number of pages). */
 typedef struct { uint8_t *p; size_t len, cap; } pbuf_t;
@@ -52,16 +50,15 @@ static int buf_reserve(pbuf_t *b, size_t more) {
     if (cap > SIZE_MAX / 2) return ENOMEM;
     cap *= 2;
   }
-  void *q = b->p ? mremap(b->p, b->cap, cap, MREMAP_MAYMOVE) : mmap(NULL, cap, PROT_READ | PROT_WRITE,
-                                                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (q == MAP_FAILED) return ENOMEM;
+  void *q = b->p ? mld_os_remap_plain(b->p, b->cap, cap) : mld_os_map_plain(cap, true);
+  if (!q) return ENOMEM;
   b->p = q;
   b->cap = cap;
   return 0;
 }
 
 static void buf_free(pbuf_t *b) {
-  if (b->p) munmap(b->p, b->cap);
+  if (b->p) mld_os_unmap_plain(b->p, b->cap);
   b->p = NULL;
   b->len = b->cap = 0;
 }
@@ -91,7 +88,7 @@ static uint64_t mix64(uint64_t x) {
 static size_t map_bytes(size_t cap) { return cap * (sizeof(uint64_t) + sizeof(uint32_t)); }
 
 static void map_free(pmap_t *m) {
-  if (m->keys) munmap(m->keys, map_bytes(m->cap));
+  if (m->keys) mld_os_unmap_plain(m->keys, map_bytes(m->cap));
   m->keys = NULL;
   m->vals = NULL;
   m->cap = m->count = 0;
@@ -595,7 +592,7 @@ int mld_pprof_write(int fd, const mld_pprof_info_t *info, mld_pprof_next_fn next
       mld_gz_data(g, s.funcs.p, s.funcs.len);
       mld_gz_data(g, s.strtab.p, s.strtab.len);
       e = mld_gz_finish(g);
-      munmap(w, ws);
+      mld_os_unmap_plain(w, ws);
     }
   }
   pp_free(&s);

@@ -99,10 +99,9 @@ static uint64_t rng_next(void) { return mld_xorshift64s(&tls_rng); }
 
 static void rng_seed(void) {
   uint64_t n = atomic_fetch_add(&seed_ordinal, 1);
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);   /* not a secret: only has to differ between threads and runs */
+  uint64_t ns = mld_now_ns();   /* not a secret: only has to differ between threads and runs */
   uint64_t s = mld_prof_opt.seed ? mld_prof_opt.seed + n * 0x9E3779B97F4A7C15ULL
-                                 : ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^
+                                 : ((ns % 1000000000u) << 20) ^ (ns / 1000000000u) ^
                                        ((uintptr_t)&tls_rng * 0x9E3779B97F4A7C15ULL) ^ n;
   s ^= s >> 31; s *= 0xBF58476D1CE4E5B9ULL; s ^= s >> 29;   /* spread a small seed over all bits */
   tls_rng = s ? s : 1;
@@ -120,9 +119,7 @@ static void boot(void) {
   if (!atomic_compare_exchange_strong(&boot_state, &expect, 1)) return;
   atomic_store(&prof_active, mld_prof_opt.active);
   atomic_store(&prof_mean, mld_prof_opt.sample ? mld_prof_opt.sample : 1);
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;   /* before boot_state 2 publishes it */
+  prof_start_ns = (int64_t)mld_realtime_ns();   /* before boot_state 2 publishes it */
   mld_self_alloc = true;                       /* pthread_atfork may allocate */
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   mld_prof_dump_boot();
@@ -152,12 +149,12 @@ static uint8_t *chunk_cur, *chunk_end;
 #define CHUNK (256 * 1024)
 
 static void *os_map(size_t bytes) {
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
+  void *p = mld_os_map_plain(bytes, true);
+  if (!p) return NULL;
   st_metadata += bytes;
   return p;
 }
-static void os_unmap(void *p, size_t bytes) { munmap(p, bytes); st_metadata -= bytes; }
+static void os_unmap(void *p, size_t bytes) { mld_os_unmap_plain(p, bytes); st_metadata -= bytes; }
 
 static void *carve(size_t bytes) {             /* lock held */
   bytes = (bytes + 15) & ~(size_t)15;
@@ -376,8 +373,7 @@ bool mld_prof_reset(size_t mean) {
   if (!mld_prof_opt.prof || mean > ((size_t)1 << 40)) return false;
   ensure_boot();
   if (mean) atomic_store(&prof_mean, mean);
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  int64_t now = (int64_t)mld_realtime_ns();
   mld_prof_lock();
   for (size_t i = 0; i < stack_cap; i++)
     for (prof_stack_t *s = stack_tab[i]; s; s = s->next)
@@ -392,7 +388,7 @@ bool mld_prof_reset(size_t mean) {
   live_used = 0;
   reset_gen++;
   st_samples = st_bytes = 0;
-  prof_start_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  prof_start_ns = now;
   mld_prof_unlock();
   return true;
 }
@@ -412,9 +408,9 @@ size_t mld_prof_snapshot_at(prof_snap_t **out, size_t *bytes, int64_t *start_ns)
     for (prof_stack_t *s = stack_tab[i]; s; s = s->next) n += s->alloc_objects > 0 || s->inuse_objects > 0;
   size_t want = (n ? n : 1) * sizeof(prof_snap_t);
   want = (want + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1);
-  prof_snap_t *a = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  prof_snap_t *a = mld_os_map_plain(want, true);
   size_t k = 0;
-  if (a != MAP_FAILED) {
+  if (a) {
     for (size_t i = 0; i < stack_cap; i++)
       for (prof_stack_t *s = stack_tab[i]; s; s = s->next)
         if (s->alloc_objects > 0 || s->inuse_objects > 0)

@@ -83,3 +83,18 @@ def test_a_malformed_layers_file_is_one_line(tmp_path, bad):
     (tmp_path / "LAYERS").write_text(bad + "\n")
     r = run("--src", str(tmp_path), "--layers", str(tmp_path / "LAYERS"))
     assert r.returncode != 0 and "expected 'LAYER: PATTERN...'" in r.stderr, r
+
+
+def test_an_os_call_outside_its_layer_fails(tmp_path):
+    """`@low: mmap` keeps mmap to the low layer: the high layer calling it fails, the low layer calling it passes."""
+    src, objdir = _tree(tmp_path, '#include <sys/mman.h>\n#include "low/low.h"\n'
+                                   'int low_fn(void) { return mmap(0, 4096, 3, 0x22, -1, 0) != 0; }\n')
+    (src / "LAYERS").write_text("low: low/\nhigh: high/\n@low: mmap\n")
+    r = run("--src", str(src), "--layers", str(src / "LAYERS"), "--objects", str(objdir))
+    assert r.returncode == 0, r.stdout
+    (src / "high" / "b.c").write_text('#include <sys/mman.h>\n#include "low/low.h"\n'
+                                      'int high_fn(void) { return mmap(0, 4096, 3, 0x22, -1, 0) != 0; }\n')
+    cc = shutil.which("cc") or shutil.which("gcc")
+    subprocess.run([cc, "-c", "-I", str(src), str(src / "high/b.c"), "-o", str(objdir / "high/b.c.o")], check=True)
+    r = run("--src", str(src), "--layers", str(src / "LAYERS"), "--objects", str(objdir))
+    assert r.returncode == 1 and "src/high/b.c: calls mmap, which only the low layer may call" in r.stdout, r.stdout
