@@ -273,7 +273,9 @@ static void cache_make_room(size_t need) {
  * sets it again where the mapping is afterwards (where it was, when mremap fails), once the header is up to date. */
 static segment_t *huge_remap(segment_t *seg, size_t old_size, size_t new_size) {
   MLD_RACE_WINDOW();
-  segment_t *ns = mld_os_remap(seg, old_size, new_size, MLD_SEGMENT_SIZE, mld_segment_hint(new_size, MLD_SEGMENT_SIZE));
+  segment_t *ns = mld_os_resize(seg, old_size, new_size);
+  /* The secure variant's random address is drawn only when the mapping has to move. */
+  if (!ns) ns = mld_os_move(seg, old_size, new_size, MLD_SEGMENT_SIZE, mld_segment_hint(new_size, MLD_SEGMENT_SIZE));
   MLD_RACE_WINDOW();
   if (ns) huge_max_note(new_size);
   return ns;
@@ -301,7 +303,7 @@ static segment_t *huge_retire(segment_t *seg, void *p) {
   pthread_mutex_unlock(&huge_lock);
   MLD_RACE_WINDOW();   /* unmarked: nothing reads the old headers from here on */
   size_t map = seg->map_size;
-  segment_t *ns = open ? mld_os_move(seg, map, MLD_SEGMENT_SIZE, mld_segment_hint(map, MLD_SEGMENT_SIZE)) : NULL;   /* one VMA: all of it accessible */
+  segment_t *ns = open ? mld_os_move(seg, map, map, MLD_SEGMENT_SIZE, mld_segment_hint(map, MLD_SEGMENT_SIZE)) : NULL;   /* one VMA: all of it accessible */
   if (!ns) {
     mld_os_unmap(seg, map);
     return NULL;

@@ -78,7 +78,7 @@ void mld_os_thp(void *p, size_t size, int advice) {
 
 /* Move a mapping (one VMA) to a new `align`ed range of new_size bytes without copying: mremap carries its pages
  * and, where both ranges cover whole page-table pages, the tables themselves. The old range is left unmapped. */
-static void *move_to(void *old, size_t old_size, size_t new_size, size_t align, uintptr_t hint) {
+void *mld_os_move(void *old, size_t old_size, size_t new_size, size_t align, uintptr_t hint) {
   void *dst = mld_os_map_aligned(new_size, align, hint);
   if (!dst) return NULL;
   void *p = mremap(old, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
@@ -87,18 +87,14 @@ static void *move_to(void *old, size_t old_size, size_t new_size, size_t align, 
   return p;
 }
 
-/* Grow or shrink a mapping keeping `align`: in place if the kernel can, else moved (without copying) to a new aligned range. */
-void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align, uintptr_t hint) {
+/* Grow or shrink a mapping where it is; NULL when the kernel cannot (the caller may move it: mld_os_move). */
+void *mld_os_resize(void *old, size_t old_size, size_t new_size) {
   void *p = mremap(old, old_size, new_size, 0);
-  if (p != MAP_FAILED) {
-    if (new_size > old_size) atomic_fetch_add(&mld_mapped_bytes, new_size - old_size);
-    else atomic_fetch_sub(&mld_mapped_bytes, old_size - new_size);
-    return p;
-  }
-  return move_to(old, old_size, new_size, align, hint);
+  if (p == MAP_FAILED) return NULL;
+  if (new_size > old_size) atomic_fetch_add(&mld_mapped_bytes, new_size - old_size);
+  else atomic_fetch_sub(&mld_mapped_bytes, old_size - new_size);
+  return p;
 }
-
-void *mld_os_move(void *old, size_t size, size_t align, uintptr_t hint) { return move_to(old, size, size, align, hint); }
 
 /* Name an anonymous mapping (Linux 5.17+ with CONFIG_ANON_VMA_NAME) so that /proc/PID/maps and `mallard vmem`
  * show it as Mallard's; silently nothing on other kernels. */

@@ -24,9 +24,10 @@ MLD_HIDDEN void *mld_os_map_aligned(size_t size, size_t align, uintptr_t hint);
 MLD_HIDDEN void mld_os_unmap(void *p, size_t size);
 MLD_HIDDEN bool mld_os_purge(void *p, size_t size);               /* false: the memory was not released */
 MLD_HIDDEN void mld_os_thp(void *p, size_t size, int advice);       /* 1: huge pages, -1: none, 0: the default */
-MLD_HIDDEN void *mld_os_remap(void *old, size_t old_size, size_t new_size, size_t align, uintptr_t hint);
-/* Moves a mapping (no copy) to a new aligned range, tried first at hint (as mld_os_map_aligned); NULL: not moved. */
-MLD_HIDDEN void *mld_os_move(void *old, size_t size, size_t align, uintptr_t hint);
+MLD_HIDDEN void *mld_os_resize(void *old, size_t old_size, size_t new_size);   /* in place; NULL: it cannot */
+/* Moves a mapping (no copy) to a new aligned range of new_size bytes, tried first at hint (as mld_os_map_aligned);
+ * NULL: not moved (still at old). */
+MLD_HIDDEN void *mld_os_move(void *old, size_t old_size, size_t new_size, size_t align, uintptr_t hint);
 MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_os_name(void *p, size_t size, const char *name);
 MLD_HIDDEN uint64_t mld_now_ms(void);
