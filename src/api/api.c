@@ -461,12 +461,16 @@ MLD_EXPORT void *mallard_memalign(size_t align, size_t size) {
   return PROF_ALLOC(size, align, false, alloc_aligned(align, size));
 }
 
-MLD_EXPORT void *mallard_valloc(size_t size) { return PROF_ALLOC(size, MLD_OS_PAGE, false, alloc_aligned(MLD_OS_PAGE, size)); }
+MLD_EXPORT void *mallard_valloc(size_t size) {
+  size_t page = mld_os_page();
+  return PROF_ALLOC(size, page, false, alloc_aligned(page, size));
+}
 
 MLD_EXPORT void *mallard_pvalloc(size_t size) {
   size_t r;
-  if (!mld_round(size ? size : 1, MLD_OS_PAGE, &r)) { errno = ENOMEM; return NULL; }
-  return PROF_ALLOC(r, MLD_OS_PAGE, false, alloc_aligned(MLD_OS_PAGE, r));
+  size_t page = mld_os_page();
+  if (!mld_round(size ? size : 1, page, &r)) { errno = ENOMEM; return NULL; }
+  return PROF_ALLOC(r, page, false, alloc_aligned(page, r));
 }
 
 MLD_EXPORT size_t mallard_usable_size(const void *p) { return p ? usable_size(p, "malloc_usable_size") : 0; }

@@ -70,8 +70,8 @@ static bool all_arenas(unsigned i) { return i == JE_ARENAS_ALL || i == atomic_lo
 static int stats_all(const char *s, void *oldp, size_t *oldlenp) {
   global_stats_t g;
   mld_global_stats(&g);
-  if (!strcmp(s, "pactive")) READ(size_t, (size_t)(g.active / MLD_OS_PAGE));
-  if (!strcmp(s, "pdirty")) READ(size_t, (size_t)(g.dirty / MLD_OS_PAGE));
+  if (!strcmp(s, "pactive")) READ(size_t, (size_t)(g.active / mld_os_page()));
+  if (!strcmp(s, "pdirty")) READ(size_t, (size_t)(g.dirty / mld_os_page()));
   if (!strcmp(s, "pmuzzy")) READ(size_t, 0);   /* Mallard purges in one step: no muzzy pages */
   if (!strcmp(s, "mapped")) READ(size_t, (size_t)g.mapped);
   if (!strcmp(s, "retained")) READ(size_t, (size_t)g.retained);
@@ -131,7 +131,7 @@ static int je_mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
     if (want != mld_opt.background_thread) return EPERM;
     return mallard_ctl(name, oldp, oldlenp, NULL, 0);
   }
-  if (!strcmp(name, "arenas.page")) { RO(); READ(size_t, (size_t)MLD_OS_PAGE); }
+  if (!strcmp(name, "arenas.page")) { RO(); READ(size_t, (size_t)mld_os_page()); }
   if (!strcmp(name, "arenas.quantum")) { RO(); READ(size_t, (size_t)MLD_MIN_ALIGN); }
   if (!strcmp(name, "arenas.nbins")) { RO(); READ(unsigned, MLD_NUM_CLASSES); }
   unsigned i, c;
@@ -171,8 +171,8 @@ static int je_mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
       arena_snapshot_t a;
       if (!mld_arena_snapshot(i, &a)) return ENOENT;
       uint64_t span = a.nsegments * MLD_USABLE_SLOTS * (uint64_t)MLD_SLOT_SIZE, idle = a.dirty_bytes + a.purged_bytes;
-      if (s[1] == 'd') READ(size_t, (size_t)(a.dirty_bytes / MLD_OS_PAGE));
-      READ(size_t, (size_t)((span > idle ? span - idle : 0) / MLD_OS_PAGE));
+      if (s[1] == 'd') READ(size_t, (size_t)(a.dirty_bytes / mld_os_page()));
+      READ(size_t, (size_t)((span > idle ? span - idle : 0) / mld_os_page()));
     }
     return mallard_ctl(name, oldp, oldlenp, NULL, 0);   /* Mallard's own per-arena fields (nthreads, ...) */
   }

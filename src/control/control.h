@@ -40,6 +40,7 @@ typedef struct stats_snapshot_s {
   char exe[512];
   uint64_t uptime_ms;
   size_t ncpus;
+  size_t page_size;                      /* the page size in force (mld_os_page: the kernel's, or a test build's) */
   bool purge_running;
   bool purge_wakeups_known;              /* false: the reader cannot see the purging thread's counter (live.c) */
   uint64_t purge_wakeups;
@@ -50,7 +51,7 @@ typedef struct stats_snapshot_s {
 typedef struct stats_atomics_s {
   uint64_t huge_active, huge_cached, meta_bytes, mapped_bytes;
   uint64_t segment_usable;               /* bytes of a segment's usable slots (MLD_USABLE_SLOTS * MLD_SLOT_SIZE) */
-  uint64_t huge_header;                  /* MLD_HUGE_HEADER */
+  uint64_t huge_header;                  /* mld_huge_header(): the segment header rounded to the page */
 } stats_atomics_t;
 struct prof_options_s;
 MLD_HIDDEN void mld_snapshot_options(stats_snapshot_t *s, const options_t *o, const struct prof_options_s *po,

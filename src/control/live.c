@@ -44,6 +44,7 @@ enum {
   LF_CS_NMALLOC, LF_CS_NFREE, LF_CS_NREFILLS, LF_CS_NPAGES, LF_CS_NPAGES_CACHED, LF_CS_NPAGES_RELEASED,
   LF_AR_NTHREADS, LF_AR_NTHREADS_TOTAL, LF_AR_NSEGMENTS, LF_AR_DIRTY_SLOTS, LF_AR_PURGED_SLOTS, LF_AR_NPURGE_PASSES,
   LF_AR_NMADVISE, LF_AR_PURGED_TOTAL, LF_AR_LARGE_ACTIVE, LF_AR_LOCK_OPS, LF_AR_LOCK_CONTENDED, LF_AR_LOCK_WAIT_NS,
+  LF_PAGE_SIZE,
   LF_COUNT
 };
 
@@ -70,7 +71,14 @@ _Static_assert(sizeof(live_root_t) == 48 && sizeof(live_field_t) == 24 && sizeof
 /* The options as text, formatted once at initialisation (they never change after it). */
 static char live_options_text[MLD_OPTIONS_TEXT_MAX];
 
-void mld_live_init(void) { mld_options_format(live_options_text, sizeof live_options_text); }
+/* Run-time geometry (the page size is read at start): set once, before the root says "ready". */
+static uint64_t live_huge_header, live_page_size;
+
+void mld_live_init(void) {
+  mld_options_format(live_options_text, sizeof live_options_text);
+  live_huge_header = mld_huge_header();
+  live_page_size = mld_os_page();
+}
 
 #define F_G(id, var) { id, LIVE_GLOBAL, sizeof(var), 1, { .addr = &(var) } }
 #define F_GA(id, arr, n) { id, LIVE_GLOBAL, sizeof((arr)[0]), n, { .addr = (arr) } }
@@ -89,7 +97,7 @@ static const live_field_t live_fields[] = {
   F_GA(LF_PAGE_SLOTS, mld_opt.page_slots, MLD_NUM_CLASSES), F_G(LF_DIRTY_DECAY_MS, mld_opt.dirty_decay_ms),
   F_G(LF_BACKGROUND_THREAD, mld_opt.background_thread), F_G(LF_RETAIN, mld_opt.retain), F_G(LF_THP, mld_opt.thp),
   F_G(LF_HUGE_CACHE_MAX, mld_opt.huge_cache_max), F_G(LF_PAGE_CACHE, mld_opt.page_cache),
-  F_C(LF_SLOT_SIZE, MLD_SLOT_SIZE), F_C(LF_USABLE_SLOTS, MLD_USABLE_SLOTS), F_C(LF_HUGE_HEADER, MLD_HUGE_HEADER),
+  F_C(LF_SLOT_SIZE, MLD_SLOT_SIZE), F_C(LF_USABLE_SLOTS, MLD_USABLE_SLOTS), F_G(LF_HUGE_HEADER, live_huge_header),
   F_C(LF_ARENA_SIZE, sizeof(arena_t)),
   F_M(LF_HEAP_NEXT_ALL, heap_t, next_all), F_M(LF_HEAP_STATS, heap_t, stats),
   { LF_HS_CLS, LIVE_MEMBER, sizeof(class_stats_t), MLD_NUM_CLASSES, { .value = offsetof(heap_stats_t, cls) } },
@@ -104,7 +112,7 @@ static const live_field_t live_fields[] = {
   F_M(LF_AR_PURGED_SLOTS, arena_t, purged_slots), F_M(LF_AR_NPURGE_PASSES, arena_t, npurge_passes),
   F_M(LF_AR_NMADVISE, arena_t, nmadvise), F_M(LF_AR_PURGED_TOTAL, arena_t, purged_bytes_total),
   F_M(LF_AR_LARGE_ACTIVE, arena_t, large_active), F_LOCKST(LF_AR_LOCK_OPS, ops), F_LOCKST(LF_AR_LOCK_CONTENDED, contended),
-  F_LOCKST(LF_AR_LOCK_WAIT_NS, wait_ns),
+  F_LOCKST(LF_AR_LOCK_WAIT_NS, wait_ns), F_G(LF_PAGE_SIZE, live_page_size),
 };
 _Static_assert(sizeof live_fields / sizeof live_fields[0] == LF_COUNT - 1, "one field for every id");
 
@@ -134,7 +142,7 @@ static const want_t live_want[LF_COUNT] = {
   [LF_THP] = { LIVE_GLOBAL, T_SINT, R_NONE, N_ONE }, [LF_HUGE_CACHE_MAX] = { LIVE_GLOBAL, T_INT, R_NONE, N_ONE },
   [LF_PAGE_CACHE] = { LIVE_GLOBAL, T_INT, R_NONE, N_ONE },
   [LF_SLOT_SIZE] = { LIVE_CONST, T_INT, R_NONE, N_ONE }, [LF_USABLE_SLOTS] = { LIVE_CONST, T_INT, R_NONE, N_ONE },
-  [LF_HUGE_HEADER] = { LIVE_CONST, T_INT, R_NONE, N_ONE }, [LF_ARENA_SIZE] = { LIVE_CONST, T_INT, R_NONE, N_ONE },
+  [LF_HUGE_HEADER] = { LIVE_GLOBAL, T_INT, R_NONE, N_ONE }, [LF_ARENA_SIZE] = { LIVE_CONST, T_INT, R_NONE, N_ONE },
   [LF_HEAP_NEXT_ALL] = { LIVE_MEMBER, T_PTR, R_HEAP, N_ONE }, [LF_HEAP_STATS] = { LIVE_MEMBER, T_REC, R_HEAP, N_ONE },
   [LF_HS_CLS] = { LIVE_MEMBER, T_REC, R_HS, N_CLASSES },
   [LF_HS_LARGE_NMALLOC] = { LIVE_MEMBER, T_INT, R_HS, N_ONE }, [LF_HS_LARGE_NFREE] = { LIVE_MEMBER, T_INT, R_HS, N_ONE },
@@ -151,7 +159,7 @@ static const want_t live_want[LF_COUNT] = {
   [LF_AR_PURGED_TOTAL] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE },
   [LF_AR_LARGE_ACTIVE] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE }, [LF_AR_LOCK_OPS] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE },
   [LF_AR_LOCK_CONTENDED] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE },
-  [LF_AR_LOCK_WAIT_NS] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE },
+  [LF_AR_LOCK_WAIT_NS] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE }, [LF_PAGE_SIZE] = { LIVE_GLOBAL, T_INT, R_NONE, N_ONE },
 };
 
 /* The reader's state: one reader at a time (live_lock), every buffer static and bounded, nothing allocated. */
@@ -273,10 +281,9 @@ static int check_fields(pid_t pid, const live_root_t *r) {
   if (F[LF_SLOT_SIZE].where.value != MLD_SLOT_SIZE)
     return refuse(EPROTO, "its slots are of %llu bytes, the reader's of %zu", (unsigned long long)F[LF_SLOT_SIZE].where.value,
                   MLD_SLOT_SIZE);
-  if (F[LF_USABLE_SLOTS].where.value < 1 || F[LF_USABLE_SLOTS].where.value > LIVE_MAX_SLOTS ||
-      F[LF_HUGE_HEADER].where.value > MLD_SEGMENT_SIZE)
-    return refuse(EPROTO, "its segment geometry (%llu usable slots, huge header %llu bytes) is out of bounds",
-                  (unsigned long long)F[LF_USABLE_SLOTS].where.value, (unsigned long long)F[LF_HUGE_HEADER].where.value);
+  if (F[LF_USABLE_SLOTS].where.value < 1 || F[LF_USABLE_SLOTS].where.value > LIVE_MAX_SLOTS)
+    return refuse(EPROTO, "its segment geometry (%llu usable slots) is out of bounds",
+                  (unsigned long long)F[LF_USABLE_SLOTS].where.value);
   return 0;
 }
 
@@ -428,7 +435,7 @@ static void arena_extract(const unsigned char *a, arena_snapshot_t *s) {
 
 static int remote_snapshot(pid_t pid, stats_snapshot_t *s) {
   int e;
-  uint64_t init, n, start_ms;
+  uint64_t init, n, start_ms, page;
   stats_atomics_t at;
   unsigned char b[8];
   if ((e = rd_field(pid, LF_INITIALIZED, b, sizeof b))) return e;
@@ -440,10 +447,14 @@ static int remote_snapshot(pid_t pid, stats_snapshot_t *s) {
       (e = remote_options(pid, s)) || (e = rd_int(pid, LF_START_MS, &start_ms)) ||
       (e = rd_int(pid, LF_HUGE_ACTIVE, &at.huge_active)) || (e = rd_int(pid, LF_HUGE_CACHED, &at.huge_cached)) ||
       (e = rd_int(pid, LF_META_BYTES, &at.meta_bytes)) || (e = rd_int(pid, LF_MAPPED_BYTES, &at.mapped_bytes)) ||
-      (e = rd_int(pid, LF_INVALID_FREES, &s->invalid_frees)) || (e = remote_heaps(pid, &s->hs)))
+      (e = rd_int(pid, LF_INVALID_FREES, &s->invalid_frees)) || (e = rd_int(pid, LF_HUGE_HEADER, &at.huge_header)) ||
+      (e = rd_int(pid, LF_PAGE_SIZE, &page)) || (e = remote_heaps(pid, &s->hs)))
     return e;
+  if (page < MLD_OS_PAGE_MIN || page > MLD_OS_PAGE_MAX || (page & (page - 1)) || at.huge_header > MLD_SEGMENT_SIZE)
+    return refuse(EPROTO, "its page geometry (page %llu bytes, huge header %llu bytes) is out of bounds",
+                  (unsigned long long)page, (unsigned long long)at.huge_header);
+  s->page_size = (size_t)page;
   at.segment_usable = F[LF_USABLE_SLOTS].where.value * MLD_SLOT_SIZE;   /* at most 4096 slots: no overflow */
-  at.huge_header = F[LF_HUGE_HEADER].where.value;
   s->narenas = 0;
   for (size_t i = 0; i < n && i < nptrs && s->narenas < MLD_MAX_ARENAS; i++) {
     if (!arena_ptrs[i] || rd(pid, arena_ptrs[i], rec_a, rec_size[R_ARENA])) break;   /* arenas are never freed */

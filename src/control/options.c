@@ -49,7 +49,7 @@ static const opt_desc_t descs[] = {
   { "stats_print_opts", T_STR, 0, 15, "letters: J (JSON), a (no per-arena), b (no per-class)" },
 #ifdef MALLARD_SECURE
   { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS,
-    "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16; a page holds a block besides its 4 KiB guard page)" },
+    "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16; a page holds a block besides its guard page, one OS page)" },
 #else
   { "slab_sizes", T_SLABS, 1, MLD_MAX_PAGE_SLOTS,
     "ranges LO-HI:SLOTS separated by | (SLOTS of 64 KiB, 1..16; a page holds a block)" },
@@ -89,6 +89,7 @@ static const opt_desc_t descs[] = {
 };
 #define NDESCS (sizeof descs / sizeof descs[0])
 
+static size_t slab_guard_bytes(void);
 static void set_defaults(void) {
   mld_prof_options_defaults();
   mld_opt.narenas = 0;
@@ -121,8 +122,11 @@ static void set_defaults(void) {
   mld_opt.guard_action = MLD_GUARD_ABORT;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     size_t bs = mld_class_size[c];
-    /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, at most 1 MiB. */
+    /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, at most 1 MiB. The secure variant:
+     * room for a block besides a guard page (two slots for every class at 64 KiB pages). */
     size_t slots = bs <= MLD_SMALL_MAX ? 1 : (8 * bs + MLD_SLOT_SIZE - 1) / MLD_SLOT_SIZE;
+    size_t fit = (bs + slab_guard_bytes() + MLD_SLOT_SIZE - 1) / MLD_SLOT_SIZE;
+    if (slots < fit) slots = fit;
     mld_opt.page_slots[c] = (unsigned)(slots > MLD_MAX_PAGE_SLOTS ? MLD_MAX_PAGE_SLOTS : slots);
   }
 }
@@ -219,15 +223,18 @@ static bool parse_bool(const char *v, size_t n, bool *out) {
   return false;
 }
 
-/* What a page of the secure variant may lose to its guard page (guard slabs: any page may get one, arena.c): a page
- * must hold a block besides it, whatever guard_slab_interval says (the value means the same in any order of
- * options). Below MLD_SLOT_SIZE: slots * MLD_SLOT_SIZE - SLAB_GUARD_BYTES cannot wrap for slots >= 1. */
+/* What a page of the secure variant may lose to its guard page (guard slabs: any page may get one, arena.c): one
+ * OS page, which a page must hold a block besides, whatever guard_slab_interval says (the value means the same in
+ * any order of options). The page is at most MLD_SLOT_SIZE (mld_os_page_init): slots * MLD_SLOT_SIZE - the guard
+ * cannot wrap for slots >= 1; at 64 KiB pages a one-slot page would keep nothing, so no class gets one there. */
+static size_t slab_guard_bytes(void) {
 #ifdef MALLARD_SECURE
-#define SLAB_GUARD_BYTES ((size_t)MLD_OS_PAGE)
+  return mld_os_page();
 #else
-#define SLAB_GUARD_BYTES ((size_t)0)
+  return 0;
 #endif
-_Static_assert(SLAB_GUARD_BYTES < MLD_SLOT_SIZE, "a page of one slot keeps room besides its guard page");
+}
+_Static_assert(MLD_OS_PAGE_MAX <= MLD_SLOT_SIZE, "a guard page is at most one slot");
 
 /* slab_sizes: "LO-HI:SLOTS|LO-HI:SLOTS": every class whose size lies in [LO, HI] gets pages of SLOTS slots. */
 static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) {
@@ -247,7 +254,7 @@ static bool parse_slabs(const char *v, size_t n, unsigned out[MLD_NUM_CLASSES]) 
     if (lo > hi || slots < 1 || slots > MLD_MAX_PAGE_SLOTS) return false;
     for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
       if ((long)mld_class_size[c] >= lo && (long)mld_class_size[c] <= hi) {
-        if ((size_t)slots * MLD_SLOT_SIZE - SLAB_GUARD_BYTES < mld_class_size[c]) return false;   /* >= 1 block */
+        if ((size_t)slots * MLD_SLOT_SIZE - slab_guard_bytes() < mld_class_size[c]) return false;   /* >= 1 block */
         tmp[c] = (unsigned)slots;
       }
     p = bar ? bar + 1 : end;
@@ -484,10 +491,7 @@ static void parse_conf(conf_src_t *src, const char *s, size_t len) {
 static char file_buf[CONF_FILE_MAX + 1];
 
 /* The error's name (EACCES...): strerror may translate, and translating may allocate. */
-static const char *errname(int err) {
-  const char *n = strerrorname_np(err);
-  return n ? n : "error";
-}
+static const char *errname(int err) { return mld_errname(err); }
 
 static const char *file_kind(mode_t m) {
   return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" :

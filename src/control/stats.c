@@ -59,7 +59,7 @@ static void local_atomics(stats_atomics_t *at) {
   at->meta_bytes = atomic_load(&mld_meta_bytes);
   at->mapped_bytes = atomic_load(&mld_mapped_bytes);
   at->segment_usable = MLD_USABLE_SLOTS * MLD_SLOT_SIZE;
-  at->huge_header = MLD_HUGE_HEADER;
+  at->huge_header = mld_huge_header();
 }
 
 void mld_global_stats(global_stats_t *g) {
@@ -111,6 +111,7 @@ static void local_snapshot(stats_snapshot_t *s) {
   s->exe[xl > 0 ? xl : 0] = 0;
   s->uptime_ms = mld_now_ms() - mld_start_ms;
   s->ncpus = mld_ncpus();
+  s->page_size = mld_os_page();
   s->purge_running = mld_purge_thread_running();
   s->purge_wakeups_known = true;
   s->purge_wakeups = mld_purge_thread_wakeups();
@@ -166,7 +167,8 @@ static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
           "\"huge_cache_max\":%zu,\"page_cache\":%u},\n", s->narenas, s->dirty_decay_ms,
        s->background_thread ? "true" : "false", s->retain ? "true" : "false", s->thp, s->huge_cache_max,
        s->page_cache);
-  outf(o, "\"uptime_ms\":%llu,\"ncpus\":%zu,\n", (unsigned long long)s->uptime_ms, s->ncpus);
+  outf(o, "\"uptime_ms\":%llu,\"ncpus\":%zu,\"page_size\":%zu,\n", (unsigned long long)s->uptime_ms, s->ncpus,
+       s->page_size);
   outf(o, "\"stats\":{\"allocated\":%llu,\"active\":%llu,\"resident\":%llu,\"mapped\":%llu,\"retained\":%llu,"
           "\"dirty\":%llu,\"metadata\":%llu,\"huge_cached\":%llu,\"invalid_frees\":%llu,\"remote_frees\":%llu,"
           "\"large\":{\"nmalloc\":%llu,\"nfree\":%llu},\"huge\":{\"nmalloc\":%llu,\"nfree\":%llu},"
@@ -212,6 +214,7 @@ static void print_text(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
   const global_stats_t *g = &s->g;
   const heap_stats_t *hs = &s->hs;
   outf(o, "___ Mallard statistics (version %s) ___\n", s->version);
+  outf(o, "page size: %zu KiB\n", s->page_size / 1024);
   o->cb(o->opaque, "options: ");   /* longer than outf's buffer: written as it is */
   o->cb(o->opaque, s->options_text);
   o->cb(o->opaque, "\n");

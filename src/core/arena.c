@@ -115,7 +115,7 @@ static uint8_t *next_guard_plan(page_t *pg, uint64_t *bit) {
                                                                   * or kind PAGE_FREE (span_mark_free, coalescing) */
   if (in_use || ((seg->prot_tail | seg->prot_full) & *bit)) return NULL;
   seg->prot_tail |= *bit;
-  return (uint8_t *)seg + (g << MLD_SLOT_SHIFT) - MLD_OS_PAGE;
+  return (uint8_t *)seg + (g << MLD_SLOT_SHIFT) - mld_os_page();
 }
 
 /* Slots [idx, idx + n) of a segment as mask bits (1 <= idx, idx + n <= 64). */
@@ -139,7 +139,7 @@ static prot_plan_t prot_plan(page_t *pg, size_t n, int want) {
   }
   if (!done && want != WANT_OPEN) {
     p.close_end = (uint8_t *)seg + ((last + 1) << MLD_SLOT_SHIFT);
-    p.close = p.close_end - (want == WANT_TAIL ? MLD_OS_PAGE : MLD_SLOT_SIZE);
+    p.close = p.close_end - (want == WANT_TAIL ? mld_os_page() : MLD_SLOT_SIZE);
   }
   seg->prot_tail &= ~span;
   seg->prot_full &= ~span;
@@ -297,7 +297,7 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   arena_unlock(a);
 #ifdef MALLARD_SECURE
   if (next_guard) MLD_RACE_WINDOW();   /* its bit set, the page not closed yet: another thread may take the page */
-  if (next_guard && !mld_os_protect(next_guard, MLD_OS_PAGE, false)) {   /* only missing: as prot_apply does */
+  if (next_guard && !mld_os_protect(next_guard, mld_os_page(), false)) {   /* only missing: as prot_apply does */
     arena_lock(a);
     segment_of(pg)->prot_tail &= ~next_bit;
     arena_unlock(a);

@@ -38,7 +38,6 @@
 #endif
 #define MLD_MAX_ARENAS 64
 #define MLD_KEEP_SLOTS 16                                 /* slots of empty multi-slot current pages a heap keeps */
-#define MLD_ADDR_BITS 47                                  /* user address space covered by the ownership map */
 /* The largest request (and alignment) ever served: no mapping can be larger than the user address space (glibc
  * refuses above PTRDIFF_MAX, far above it). Size computations start from values at most this large, with checks. */
 #define MLD_MAX_REQUEST ((size_t)1 << MLD_ADDR_BITS)
@@ -130,7 +129,10 @@ _Static_assert(sizeof(segment_t) <= MLD_SLOT_SIZE, "segment header fits its slot
 _Static_assert(sizeof(page_t) == 128, "page descriptors are two cache lines");
 _Static_assert(offsetof(page_t, dirty_since) < MLD_CACHE_LINE && offsetof(page_t, free) == MLD_CACHE_LINE,
                "what other threads read, and what the owner writes on every call, are on separate lines");
-#define MLD_HUGE_HEADER (((sizeof(segment_t) + MLD_OS_PAGE - 1) / MLD_OS_PAGE) * MLD_OS_PAGE)
+/* Where a huge block's data starts in its mapping: the segment header rounded up to the page in force (12 KiB at
+ * 4 KiB pages, 16 KiB at 16 KiB, 64 KiB at 64 KiB), so the data starts on a page of its own. */
+static inline size_t mld_huge_header(void) { return mld_page_round(sizeof(segment_t)); }
+_Static_assert(sizeof(segment_t) <= MLD_OS_PAGE_MAX, "the huge header is at most one page of any size supported");
 
 static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }
 static inline page_t *page_of(segment_t *seg, const void *p) {
@@ -191,6 +193,7 @@ typedef struct page_list_s { page_t *head, *tail; } page_list_t;
 #define MLD_OUTBOX_BYTES (8 * 1024)                       /* ... or this many bytes: pending <= 256 KiB a thread */
 #define MLD_OUTBOX_AGE 4096                               /* every this many remote frees, all batches are sent */
 #define MLD_BATCH_COUNT_SHIFT 48                          /* a batch's first block: tail | count << 48 (outbox.c) */
+_Static_assert(MLD_ADDR_BITS <= MLD_BATCH_COUNT_SHIFT, "every user address fits below a batch's count");
 #define MLD_OUTBOX_WORDS 8                                /* secure: a slot is sent when it holds this many words */
 typedef struct outbox_s {
   page_t *page;                          /* destination page; NULL: slot empty */

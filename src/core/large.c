@@ -291,7 +291,7 @@ static segment_t *huge_remap(segment_t *seg, size_t old_size, size_t new_size) {
  * Returns where the mapping is now; NULL: it could not be kept (a failed mprotect or mremap) and is unmapped. */
 static segment_t *huge_retire(segment_t *seg, void *p) {
   size_t end = (size_t)((uint8_t *)p - (uint8_t *)seg) + seg->user_size;
-  freed_wipe((uint8_t *)seg + MLD_HUGE_HEADER, seg->map_size - MLD_HUGE_HEADER, p, seg->user_size);
+  freed_wipe((uint8_t *)seg + mld_huge_header(), seg->map_size - mld_huge_header(), p, seg->user_size);
   /* [end, guard_end) is PROT_NONE (mld_huge_alloc, mld_huge_resize_within), the rest accessible */
   bool open = seg->guard_end <= end || mld_os_protect((uint8_t *)seg + end, seg->guard_end - end, true);
   if (open && seg->user_size < mld_opt.secure_noaccess_min) return seg;   /* option: kept where it is */
@@ -370,13 +370,13 @@ static segment_t *huge_cache_take(size_t need, size_t *dirty) {
 bool mld_huge_layout(size_t size, size_t align, size_t *off, size_t *map, size_t *usable) {
   size_t guard = 0;
 #ifdef MALLARD_SECURE
-  guard = MLD_OS_PAGE;   /* an inaccessible page right after every huge block */
+  guard = mld_os_page();   /* an inaccessible page right after every huge block */
 #endif
   bool big = align >= MLD_SEGMENT_SIZE;   /* aligned beyond a segment: the header sits one alignment before */
   size_t need;
   if (size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST ||
-      !(big ? (*off = align, true) : mld_round(MLD_HUGE_HEADER, align, off)) ||
-      !mld_add(*off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need) || !mld_add(need, guard, &need) ||
+      !(big ? (*off = align, true) : mld_round(mld_huge_header(), align, off)) ||
+      !mld_add(*off, size, &need) || !mld_round(need, mld_os_page(), &need) || !mld_add(need, guard, &need) ||
       need + (big ? align : MLD_SEGMENT_SIZE) > MLD_MAX_REQUEST)   /* with the alignment slack mmap needs */
     return false;
   *map = need;
@@ -410,7 +410,7 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
    * the guard stays so: no linear overflow reaches it without faulting first, and its pages, resident from an
    * earlier block, cost no page-table walk now or when the block is freed. */
   size_t end = off + usable;
-  seg->guard_end = mld_os_protect((uint8_t *)seg + end, MLD_OS_PAGE, false) ? end + MLD_OS_PAGE : end;
+  seg->guard_end = mld_os_protect((uint8_t *)seg + end, mld_os_page(), false) ? end + mld_os_page() : end;
 #endif
   seg->user_size = usable;   /* a cached mapping may be larger: promise what was asked (= nallocx) */
   if (zero && !fresh && dirty > off)   /* all of the usable size that may hold old data */
@@ -576,7 +576,7 @@ void *mld_huge_realloc(heap_t *h, segment_t *seg, void *p, size_t size) {
   (void)p;
   size_t off = (size_t)((uint8_t *)seg->user - (uint8_t *)seg);
   size_t need;
-  if (size > MLD_MAX_REQUEST || !mld_add(off, size, &need) || !mld_round(need, MLD_OS_PAGE, &need)) {
+  if (size > MLD_MAX_REQUEST || !mld_add(off, size, &need) || !mld_round(need, mld_os_page(), &need)) {
     errno = ENOMEM;
     return NULL;
   }
@@ -608,11 +608,11 @@ bool mld_huge_resize_within(segment_t *seg, size_t size) {
   size_t off = (size_t)((uint8_t *)seg->user - (uint8_t *)seg);
   size_t guard = 0;
 #ifdef MALLARD_SECURE
-  guard = MLD_OS_PAGE;
+  guard = mld_os_page();
 #endif
   size_t cap = seg->map_size - off - guard;
   if (size > cap) return false;
-  size_t user_size = round_up(off + size, MLD_OS_PAGE) - off;
+  size_t user_size = round_up(off + size, mld_os_page()) - off;
   if (user_size > cap) user_size = cap;
 #ifdef MALLARD_SECURE
   /* [block end, guard_end) is PROT_NONE (mld_huge_alloc): its start moves with the block's end, so the guard stays
@@ -622,7 +622,7 @@ bool mld_huge_resize_within(segment_t *seg, size_t size) {
   if (new_end > old_end) {
     if (!mld_os_protect((uint8_t *)seg + old_end, new_end - old_end, true)) return false;
     if (new_end >= guard_end)   /* new_end <= cap: the page fits the mapping */
-      guard_end = mld_os_protect((uint8_t *)seg + new_end, MLD_OS_PAGE, false) ? new_end + MLD_OS_PAGE : new_end;
+      guard_end = mld_os_protect((uint8_t *)seg + new_end, mld_os_page(), false) ? new_end + mld_os_page() : new_end;
   } else if (new_end < old_end) {
     mld_os_purge((uint8_t *)seg + new_end, old_end - new_end);
     if (mld_os_protect((uint8_t *)seg + new_end, old_end - new_end, false) && guard_end < old_end) guard_end = old_end;

@@ -12,8 +12,8 @@ void *mld_meta_alloc(size_t size) {
   size = (size + MLD_CACHE_LINE - 1) & ~(size_t)(MLD_CACHE_LINE - 1);
   pthread_mutex_lock(&meta_lock);
   if ((size_t)(meta_end - meta_cur) < size) {
-    size_t chunk = size > META_CHUNK ? size : META_CHUNK;
-    uint8_t *p = mld_os_map_aligned(chunk, MLD_OS_PAGE, 0);
+    size_t chunk = size > META_CHUNK ? mld_page_round(size) : META_CHUNK;   /* internal sizes: no wrap */
+    uint8_t *p = mld_os_map_aligned(chunk, mld_os_page(), 0);
     if (!p) { pthread_mutex_unlock(&meta_lock); return NULL; }
     atomic_fetch_add(&mld_meta_bytes, chunk);
     meta_cur = p;

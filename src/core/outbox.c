@@ -27,7 +27,7 @@ static inline void remote_notify(remote_notice_t n) {
 
 #ifndef MALLARD_SECURE
 /* A batch on a page's thread_free list: its first block's second word holds the batch's last block and its
- * length (tail | count << 48; user addresses fit in 47 bits), so the owner collects a list batch by batch
+ * length (tail | count << 48; user addresses fit in MLD_ADDR_BITS <= 48 bits), so the owner collects a list batch by batch
  * instead of walking every block (mld_page_collect_remote). Every class is at least 16 bytes: two words fit. */
 
 /* Publish `n` blocks of `pg`, linked head..tail, with one CAS on the page's first cache line. Everything this

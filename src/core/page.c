@@ -7,7 +7,7 @@
 page_t mld_page_empty = { .kind = PAGE_META };
 
 void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
-  size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? MLD_OS_PAGE : 0);
+  size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? mld_os_page() : 0);
   pg->free = NULL;
   atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
 #ifdef MALLARD_SECURE

@@ -43,7 +43,9 @@ static _Atomic(uint64_t) st_samples, st_live, st_skipped, st_reports;
 static struct sigaction prev_segv, prev_bus;   /* the handlers before ours: faults outside the pool go there */
 static void on_fault(int sig, siginfo_t *si, void *ctx);
 
-static uintptr_t data_page(uint32_t i) { return atomic_load_explicit(&mld_guard_base, memory_order_relaxed) + (2 * (size_t)i + 1) * MLD_OS_PAGE; }
+static uintptr_t data_page(uint32_t i) {
+  return atomic_load_explicit(&mld_guard_base, memory_order_relaxed) + (2 * (size_t)i + 1) * mld_os_page();
+}
 
 /* Pool lock held. One reservation (PROT_NONE, no memory committed) and the handler; false when it cannot be had. */
 static bool pool_make(void) {
@@ -52,8 +54,8 @@ static bool pool_make(void) {
   pool_failed = true;
   uint32_t n = mld_opt.guard_slots ? mld_opt.guard_slots : 1;
   size_t pages = 2 * (size_t)n + 1;
-  size_t len = (pages * MLD_OS_PAGE + MLD_SEGMENT_SIZE - 1) & ~(size_t)MLD_SEGMENT_MASK;
-  size_t meta = ((size_t)n * sizeof(slot_t) + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1);
+  size_t len = (pages * mld_os_page() + MLD_SEGMENT_SIZE - 1) & ~(size_t)MLD_SEGMENT_MASK;
+  size_t meta = mld_page_round((size_t)n * sizeof(slot_t));   /* n <= MLD_GUARD_SLOTS_MAX: no wrap */
   uint8_t *raw = mld_os_map_plain(len + MLD_SEGMENT_SIZE, false);   /* PROT_NONE: pages open one by one */
   if (!raw) return false;
   uint8_t *base = (uint8_t *)(((uintptr_t)raw + MLD_SEGMENT_MASK) & ~(uintptr_t)MLD_SEGMENT_MASK);
@@ -215,7 +217,7 @@ static void fifo_push(uint32_t i) {
 
 void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   (void)zero;   /* a slot's data page is zero whenever it is handed out: fresh, or emptied (MADV_DONTNEED) at free */
-  if (size == 0 || size > MLD_GUARD_MAX_SIZE || align > MLD_OS_PAGE) { mld_guard_note_skipped(); return NULL; }
+  if (size == 0 || size > MLD_GUARD_MAX_SIZE || align > mld_os_page()) { mld_guard_note_skipped(); return NULL; }
   if (align < MLD_MIN_ALIGN) align = MLD_MIN_ALIGN;
   uintptr_t pcs[MLD_GUARD_DEPTH];
   uint8_t depth = capture(pcs, ra);   /* before the lock: the unwinder may load (dlopen) */
@@ -238,7 +240,7 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   /* Slot i is this thread's alone until it is published LIVE (it is neither unused nor on the FIFO): its page is
    * opened and filled without the lock, so that samples in other threads do not wait behind a system call. */
   uint8_t *page = (uint8_t *)data_page(i);
-  if (!mld_os_protect(page, MLD_OS_PAGE, true)) {   /* no memory for the page tables: back on the FIFO */
+  if (!mld_os_protect(page, mld_os_page(), true)) {   /* no memory for the page tables: back on the FIFO */
     pthread_mutex_lock(&pool_lock);
     fifo_push(i);
     pthread_mutex_unlock(&pool_lock);
@@ -248,9 +250,9 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
   /* The block ends as close to the guard as 16-byte (or the requested) alignment allows; the rest of the page is
    * filled, so that a write into the slack before or after it is found when it is freed. */
   size_t rounded = (size + MLD_MIN_ALIGN - 1) & ~(size_t)(MLD_MIN_ALIGN - 1);   /* size <= one page: no overflow */
-  uint8_t *p = (uint8_t *)(((uintptr_t)page + MLD_OS_PAGE - rounded) & ~(uintptr_t)(align - 1));
+  uint8_t *p = (uint8_t *)(((uintptr_t)page + mld_os_page() - rounded) & ~(uintptr_t)(align - 1));
   fill(page, (size_t)(p - page));
-  fill(p + size, (size_t)(page + MLD_OS_PAGE - (p + size)));
+  fill(p + size, (size_t)(page + mld_os_page() - (p + size)));
   slot_t *s = &slots[i];
   s->addr = (uintptr_t)p;
   s->size = size;
@@ -266,7 +268,7 @@ void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra) {
 
 /* The slot whose data page holds p; NO_SLOT for a guard page. */
 static uint32_t slot_of(const void *p) {
-  size_t page = ((uintptr_t)p - atomic_load_explicit(&mld_guard_base, memory_order_relaxed)) / MLD_OS_PAGE;
+  size_t page = ((uintptr_t)p - atomic_load_explicit(&mld_guard_base, memory_order_relaxed)) / mld_os_page();
   if (!(page & 1) || page / 2 >= nslots) return NO_SLOT;
   return (uint32_t)(page / 2);
 }
@@ -311,13 +313,13 @@ void mld_guard_free(void *p, const void *ra) {
   pthread_mutex_unlock(&pool_lock);
   /* The slot is this thread's alone again (FREED, not yet on the FIFO): its slack is checked and its page closed
    * without the lock; it goes on the FIFO last, so its record stays until the report below is out. */
-  uint8_t *page = (uint8_t *)data_page(i), *end = page + MLD_OS_PAGE;
+  uint8_t *page = (uint8_t *)data_page(i), *end = page + mld_os_page();
   const uint8_t *under = damaged(page, (size_t)((uint8_t *)p - page));
   const uint8_t *over = damaged((uint8_t *)p + s->size, (size_t)(end - ((uint8_t *)p + s->size)));
   bool reuse = !atomic_load_explicit(&s->retired, memory_order_acquire);
   if (reuse) {
-    mld_os_protect(page, MLD_OS_PAGE, false);      /* a use after free faults from here on */
-    mld_os_purge(page, MLD_OS_PAGE);               /* the memory goes back; the page reads zero when reused */
+    mld_os_protect(page, mld_os_page(), false);      /* a use after free faults from here on */
+    mld_os_purge(page, mld_os_page());               /* the memory goes back; the page reads zero when reused */
   }   /* else: opened by a report (guard_action:report) for good: the slot is not reused */
   atomic_fetch_sub_explicit(&st_live, 1, memory_order_relaxed);
   if (under || over) {
@@ -356,7 +358,7 @@ size_t mld_guard_size(const void *p, const char *what) {
  * an access before the block, below its slack). In a guard page: the nearer of the blocks on either side. */
 static void report_fault(uintptr_t a) {
   uintptr_t base = atomic_load_explicit(&mld_guard_base, memory_order_relaxed);
-  size_t page = (a - base) / MLD_OS_PAGE;
+  size_t page = (a - base) / mld_os_page();
   uint32_t i = NO_SLOT;
   const char *kind = "invalid access to the guarded pool";
   if (page & 1) {
@@ -394,7 +396,7 @@ static void report_fault(uintptr_t a) {
     /* the page opens for good, and every slot it touches is never protected nor reused again */
     if (page / 2 < nslots) atomic_store(&slots[page / 2].retired, 1);        /* data page's slot, or the one after */
     if (!(page & 1) && page >= 2 && page / 2 - 1 < nslots) atomic_store(&slots[page / 2 - 1].retired, 1);
-    mld_os_protect((void *)(base + page * MLD_OS_PAGE), MLD_OS_PAGE, true);
+    mld_os_protect((void *)(base + page * mld_os_page()), mld_os_page(), true);
   }
   finish(&o);
 }

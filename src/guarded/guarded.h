@@ -4,7 +4,7 @@
 #define MALLARD_GUARDED_H
 #include "core/core.h"
 
-#define MLD_GUARD_MAX_SIZE MLD_OS_PAGE          /* larger requests (or alignments) are never guarded */
+#define MLD_GUARD_MAX_SIZE mld_os_page()        /* larger requests (or alignments) are never guarded */
 #define MLD_GUARD_SLOTS_MAX 4096                /* bound of guard_slots */
 #define MLD_GUARD_DEPTH 16                      /* frames kept per allocation and per free stack */
 #define MLD_GUARD_SAMPLE_MAX ((size_t)1 << 40)  /* bound of guard_sample (bytes) */
@@ -36,7 +36,7 @@ static inline bool mld_guard_owns(const void *p) {
  * [1, 2 * guard_sample - 1], so the mean is guard_sample and no run of allocations of s bytes goes longer than
  * 2 * guard_sample / s allocations without a sample; INT64_MAX when guard_sample is 0. */
 MLD_HIDDEN bool mld_guard_take(size_t size, uint64_t *left);
-/* A guarded block of `size` bytes (1..MLD_GUARD_MAX_SIZE) aligned to `align` (<= MLD_OS_PAGE), its end as close to
+/* A guarded block of `size` bytes (1..MLD_GUARD_MAX_SIZE) aligned to `align` (<= the page), its end as close to
  * the guard page after it as alignment allows; zero: the bytes are zero. NULL when the request does not fit a slot or
  * no slot is free (the caller then serves it as usual). ra: the return address into the allocator's caller. */
 MLD_HIDDEN void *mld_guard_alloc(size_t size, size_t align, bool zero, const void *ra);

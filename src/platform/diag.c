@@ -1,9 +1,30 @@
 /* platform/diag.c — messages on stderr without allocating: invalid-pointer reports (once per kind) and fatal errors. */
+#define _GNU_SOURCE
 #include "platform/platform.h"
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+/* The error's name (EACCES...), never translated nor allocated: glibc names them all; elsewhere (musl) the ones a
+ * file or mapping call returns, else "error". */
+const char *mld_errname(int err) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+  const char *n = strerrorname_np(err);
+  return n ? n : "error";
+#else
+  switch (err) {
+#define E(x) case x: return #x;
+    E(EPERM) E(ENOENT) E(EINTR) E(EIO) E(ENXIO) E(EBADF) E(EAGAIN) E(ENOMEM) E(EACCES) E(EFAULT) E(EBUSY) E(EEXIST)
+    E(ENOTDIR) E(EISDIR) E(EINVAL) E(ENFILE) E(EMFILE) E(ETXTBSY) E(EFBIG) E(ENOSPC) E(ESPIPE) E(EROFS) E(EPIPE)
+    E(ERANGE) E(ENAMETOOLONG) E(ENOSYS) E(ELOOP) E(EOVERFLOW) E(EDQUOT) E(ESRCH) E(ECHILD)
+#undef E
+  default: return "error";
+  }
+#endif
+}
 
 static void write_all(const char *s, size_t n) {
   while (n) {

@@ -18,6 +18,25 @@
 #endif
 
 _Atomic(uint64_t) mld_mapped_bytes;
+_Atomic(size_t) mld_os_page_v;
+static _Atomic(size_t) kernel_page;        /* the kernel's own page: mmap's alignment (<= mld_os_page_v) */
+
+size_t mld_os_page_init(void) {
+  size_t k = (size_t)getauxval(AT_PAGESZ);
+  if (!k) {
+    long s = sysconf(_SC_PAGESIZE);
+    k = s > 0 ? (size_t)s : MLD_OS_PAGE_MIN;
+  }
+  size_t p = k;
+#ifdef MALLARD_TEST_PAGE_SIZE
+  if ((size_t)MALLARD_TEST_PAGE_SIZE > p) p = MALLARD_TEST_PAGE_SIZE;   /* a larger page on this kernel: tests only */
+#endif
+  if (p < MLD_OS_PAGE_MIN || p > MLD_OS_PAGE_MAX || (p & (p - 1)))
+    mld_fatal("mallard: a page size of %zu bytes is not supported (4 KiB to 64 KiB, a power of two)\n", p);
+  atomic_store_explicit(&kernel_page, k, memory_order_relaxed);
+  atomic_store_explicit(&mld_os_page_v, p, memory_order_relaxed);   /* every thread computes the same values */
+  return p;
+}
 static _Atomic(uintptr_t) next_hint;       /* where the next aligned mapping is likely to fit (mappings grow down) */
 
 static void *map_raw(void *hint, size_t size, int extra_flags) {
@@ -25,8 +44,24 @@ static void *map_raw(void *hint, size_t size, int extra_flags) {
   return p == MAP_FAILED ? NULL : p;
 }
 
+static void *map_aligned(size_t size, size_t align, uintptr_t hint);
+
+/* Every mapping lies below 2^MLD_ADDR_BITS, where the ownership map covers it: one the kernel places higher (it
+ * does so only when asked, with a hint above 2^48 on aarch64 or 2^47 on x86-64) is given back, a clean failure
+ * instead of blocks every free would take for foreign. */
 void *mld_os_map_aligned(size_t size, size_t align, uintptr_t hint) {
-  if (align <= MLD_OS_PAGE) {
+  void *p = map_aligned(size, align, hint);
+  if (p && ((uintptr_t)p >> MLD_ADDR_BITS || size > ((uintptr_t)1 << MLD_ADDR_BITS) - (uintptr_t)p)) {
+    mld_os_unmap(p, size);
+    return NULL;
+  }
+  return p;
+}
+
+static void *map_aligned(size_t size, size_t align, uintptr_t hint) {
+  size_t page = mld_os_page();   /* sets kernel_page too */
+  if (align < page) align = page;   /* a test build's page may be larger than the kernel's: align to it */
+  if (align <= atomic_load_explicit(&kernel_page, memory_order_relaxed)) {
     void *p = map_raw(NULL, size, 0);
     if (p) atomic_fetch_add(&mld_mapped_bytes, size);
     return p;
@@ -47,7 +82,7 @@ void *mld_os_map_aligned(size_t size, size_t align, uintptr_t hint) {
     if (p) munmap(p, size);   /* old kernels ignore the flag and may place it elsewhere */
   }
   if (size + align < size) return NULL;
-  size_t over = size + align - MLD_OS_PAGE;
+  size_t over = size + align - atomic_load_explicit(&kernel_page, memory_order_relaxed);   /* mmap's own alignment */
   uint8_t *raw = map_raw(NULL, over, 0);
   if (!raw) return NULL;
   uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));

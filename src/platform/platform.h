@@ -16,7 +16,29 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define MLD_NOINLINE __attribute__((noinline))
 #define MLD_CACHE_LINE 64
-#define MLD_OS_PAGE 4096                                  /* the smallest page of the machines supported today */
+/* The user address space the allocator covers (its ownership map, its largest request): x86-64's 47 bits; aarch64
+ * Linux maps user memory below 2^48 (mmap goes higher only when asked, with a hint above it). */
+#if defined(__aarch64__)
+#define MLD_ADDR_BITS 48
+#else
+#define MLD_ADDR_BITS 47
+#endif
+#define MLD_OS_PAGE_MIN 4096                              /* the page sizes supported: 4 KiB .. 64 KiB, powers of two */
+#define MLD_OS_PAGE_MAX 65536
+
+/* The page size in force, read once (getauxval(AT_PAGESZ), else sysconf; a test build's MALLARD_TEST_PAGE_SIZE when
+ * larger): the granule of every mapping, purge and protection. Valid from the first call, before initialisation. */
+extern _Atomic(size_t) mld_os_page_v MLD_HIDDEN;
+MLD_HIDDEN size_t mld_os_page_init(void);
+static inline size_t mld_os_page(void) {
+  size_t p = atomic_load_explicit(&mld_os_page_v, memory_order_relaxed);
+  return likely(p != 0) ? p : mld_os_page_init();
+}
+/* x rounded up to a multiple of the page, or 0 when that would wrap (x > SIZE_MAX - page + 1). */
+static inline size_t mld_page_round(size_t x) {
+  size_t m = mld_os_page() - 1;
+  return x > SIZE_MAX - m ? 0 : (x + m) & ~m;
+}
 
 /* os.c: mappings, purging, clocks, CPU count */
 /* hint: an address to try first (0: just below the previous aligned mapping) */
@@ -69,6 +91,7 @@ MLD_HIDDEN void mld_report_invalid(const char *what, const void *p);
 extern _Atomic(uint64_t) mld_invalid_count MLD_HIDDEN;
 MLD_HIDDEN void mld_message(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 MLD_HIDDEN void mld_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+MLD_HIDDEN const char *mld_errname(int err);   /* "EACCES"...; "error" when unknown; never allocates */
 
 /* ---- race-window widening (test builds with MALLARD_RACE_DELAY): a short random pause where memory changes hands */
 #ifdef MALLARD_RACE_DELAY

@@ -41,8 +41,15 @@ void mld_prof_options_defaults(void) {
 void mld_prof_lock(void) { if (!tls_fork_holder) pthread_mutex_lock(&prof_mutex); }
 void mld_prof_unlock(void) { if (!tls_fork_holder) pthread_mutex_unlock(&prof_mutex); }
 
+#ifdef __GLIBC__
 /* A dlopen in progress (r_state RT_ADD/RT_DELETE): a nested dlopen would fail glibc's consistency assertion. */
 bool mld_prof_safe_context(void) { return !tls_fork_holder && _r_debug.r_state == RT_CONSISTENT; }
+#else
+/* musl: its loader allocates with its own internal malloc, never the program's, so no sample is taken inside it; it
+ * runs constructors after releasing its lock, and a dlopen or dladdr of another thread waits for that lock instead
+ * of asserting (a static program cannot dlopen at all). Only the fork window is unsafe. */
+bool mld_prof_safe_context(void) { return !tls_fork_holder; }
+#endif
 
 static void fork_prepare(void) {
   pthread_mutex_lock(&prof_mutex);
@@ -407,7 +414,7 @@ size_t mld_prof_snapshot_at(prof_snap_t **out, size_t *bytes, int64_t *start_ns)
   for (size_t i = 0; i < stack_cap; i++)
     for (prof_stack_t *s = stack_tab[i]; s; s = s->next) n += s->alloc_objects > 0 || s->inuse_objects > 0;
   size_t want = (n ? n : 1) * sizeof(prof_snap_t);
-  want = (want + MLD_OS_PAGE - 1) & ~(size_t)(MLD_OS_PAGE - 1);
+  want = mld_page_round(want);   /* n is bounded by the stacks in memory: no wrap */
   prof_snap_t *a = mld_os_map_plain(want, true);
   size_t k = 0;
   if (a) {
