@@ -47,8 +47,10 @@ static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, 
 static void park(heap_t *h, unsigned c, page_t *pg) {
   set_in_full(pg, 1);
   list_push_tail(&h->full[c], pg);
-  /* Remote frees published before in_full was set asked for no sweep, nor do later ones into the same words (the
-   * secure variant: outbox.c): one is due if any waits now. */
+  /* Remote frees published before in_full was set asked for no sweep: one is due if any waits now. A send that
+   * read its notice before in_full was set and publishes after this check asks for none either: that page waits
+   * for the next send into it, a refill of its class, a trim or the thread's exit (docs/DESIGN.md, "Memory
+   * ordering of the hand-offs"). */
   atomic_thread_fence(memory_order_seq_cst);
   if (mld_page_remote_waiting(pg)) mld_sweep_want();
 }
@@ -60,7 +62,8 @@ static void make_current(heap_t *h, unsigned c, page_t *pg) {
   if (old != pg && old != &mld_page_empty) {
     old->keep_on_empty = 0;
     /* Sends into it asked for no sweep while it was current, later ones will (outbox.c): one is due if any waits
-     * (a page just parked was checked by park). The store, then the load: a full barrier between (xchg). */
+     * (a page just parked was checked by park; a send that read "current" before the store and publishes after
+     * this load asks for none: the bound of park's comment). The store, then the load: a full barrier (xchg). */
     __atomic_exchange_n(&old->is_current, 0, __ATOMIC_SEQ_CST);
     if (!old->in_full && mld_page_remote_waiting(old)) mld_sweep_want();
   }
@@ -600,6 +603,7 @@ size_t mld_heaps_sweep(bool force) {
   for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
   uint64_t now = mld_now_ms(), age = mld_purge_age();
   uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
+  atomic_thread_fence(memory_order_seq_cst);   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
   if (!force && (!since || now < since + age)) {
     if (since) {   /* not due yet: keep the request */
       uint64_t none = 0;

@@ -22,7 +22,13 @@ static inline remote_notice_t remote_notice(page_t *pg) {
 
 static inline void remote_notify(remote_notice_t n) {
   if (unlikely(n.reap != NULL)) mld_arena_want_reap(n.reap);   /* arenas live for ever */
-  else if (unlikely(n.sweep)) mld_sweep_want();
+  else if (unlikely(n.sweep)) {
+    /* Our publish, then mld_sweep_since; the sweeper's exchange, then its walk (mld_heaps_sweep): a release RMW does
+     * not keep a later load behind it (aarch64: casl then ldr), so a seq_cst fence on each side makes one of the
+     * two see the other: either we see no request pending and ask, or the sweep sees our batch. */
+    atomic_thread_fence(memory_order_seq_cst);
+    mld_sweep_want();
+  }
 }
 
 #ifndef MALLARD_SECURE
