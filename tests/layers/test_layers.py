@@ -98,3 +98,32 @@ def test_an_os_call_outside_its_layer_fails(tmp_path):
     subprocess.run([cc, "-c", "-I", str(src), str(src / "high/b.c"), "-o", str(objdir / "high/b.c.o")], check=True)
     r = run("--src", str(src), "--layers", str(src / "LAYERS"), "--objects", str(objdir))
     assert r.returncode == 1 and "src/high/b.c: calls mmap, which only the low layer may call" in r.stdout, r.stdout
+
+
+WALK = REPO / "scripts" / "walk_free.sh"
+
+
+@pytest.mark.skipif(shutil.which("addr2line") is None or shutil.which("gcc") is None, reason="needs gcc and addr2line")
+def test_the_walk_of_a_remote_free_only_goes_down(tmp_path):
+    """scripts/walk_free.sh traces the functions a free of another thread's block enters (owner alive, exited, and
+    the slow paths after): every call goes to the caller's layer or one below."""
+    r = subprocess.run(["bash", str(WALK)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "UPWARD" not in r.stdout, r.stdout + r.stderr
+    assert [ln.split(":")[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")] == ["alive", "exited", "follow"]
+
+
+@pytest.mark.skipif(shutil.which("addr2line") is None or shutil.which("gcc") is None, reason="needs gcc and addr2line")
+def test_the_walk_finds_a_planted_upward_call(tmp_path):
+    """The same walk on a copy of the tree where the core calls the api layer on every remote free fails, naming it."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO / "src", tree / "src")
+    shutil.copytree(REPO / "include", tree / "include")
+    outbox = tree / "src" / "core" / "outbox.c"
+    text = outbox.read_text()
+    text = text.replace("void mld_remote_push(", "extern void mallard_planted_up(void);\nvoid mld_remote_push(", 1)
+    text = text.replace("  remote_notice_t notice = remote_notice(pg);", "  mallard_planted_up();\n  remote_notice_t notice = remote_notice(pg);", 1)
+    outbox.write_text(text)
+    api = tree / "src" / "api" / "api.c"
+    api.write_text(api.read_text() + "\nvoid mallard_planted_up(void) {}\n")
+    r = subprocess.run(["bash", str(WALK), str(tree)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "UPWARD CALL: mld_remote_push (core/outbox.c) calls mallard_planted_up (api/api.c)" in r.stdout, r.stdout + r.stderr
