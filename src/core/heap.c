@@ -603,7 +603,7 @@ size_t mld_heaps_sweep(bool force) {
   for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
   uint64_t now = mld_now_ms(), age = mld_purge_age();
   uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
-  atomic_thread_fence(memory_order_seq_cst);   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
+  mld_fence_after_rmw();   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
   if (!force && (!since || now < since + age)) {
     if (since) {   /* not due yet: keep the request */
       uint64_t none = 0;

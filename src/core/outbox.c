@@ -26,7 +26,7 @@ static inline void remote_notify(remote_notice_t n) {
     /* Our publish, then mld_sweep_since; the sweeper's exchange, then its walk (mld_heaps_sweep): a release RMW does
      * not keep a later load behind it (aarch64: casl then ldr), so a seq_cst fence on each side makes one of the
      * two see the other: either we see no request pending and ask, or the sweep sees our batch. */
-    atomic_thread_fence(memory_order_seq_cst);
+    mld_fence_after_rmw();
     mld_sweep_want();
   }
 }

@@ -174,6 +174,16 @@ static inline uint32_t mld_dec_release_u32(uint32_t *x) {
   return v;
 #endif
 }
+/* A full barrier right after an atomic read-modify-write (a later load may not be satisfied before the RMW is
+ * visible): on x86-64 every locked RMW is one already, so only the compiler is held back; elsewhere (aarch64: casl,
+ * ldsetl, swpal are not) and under ThreadSanitizer, a seq_cst fence. */
+static inline void mld_fence_after_rmw(void) {
+#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
+  atomic_signal_fence(memory_order_seq_cst);
+#else
+  atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
 /* A never-returning report reached by a jump from a fast path: a call there would make every caller align the stack
  * for it. MLD_COLD_ENTRY(entry, target) defines the entry (it aligns the stack and calls target(a, b));
  * MLD_COLD_JUMP(entry, target, a, b) jumps to it (elsewhere than x86-64: calls target). */
