@@ -42,6 +42,25 @@ bash tests/secure/tsan.sh "$root/build-tsan-secure" || status=1
 echo "== ThreadSanitizer: sampled guarded allocations (tests/secure/guard_sample_tsan.sh)"
 bash tests/secure/guard_sample_tsan.sh "$root/build-tsan-guard" || status=1
 # ---- end of the ThreadSanitizer block ----
+# ---- page sizes (docs/DESIGN.md "Page size"): the C suite and the secure variant's misuse tests in test builds that
+# take 16 and 64 KiB pages on this 4 KiB kernel (MALLARD_TEST_PAGE_SIZE), as aarch64 kernels have them. ----
+for ps in 16384 65536; do
+  dir="build-p$((ps / 1024))k"
+  echo "== ctest and secure misuse tests at $((ps / 1024)) KiB pages ($dir)"
+  if cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMALLARD_TEST_PAGE_SIZE=$ps >/dev/null &&
+     cmake --build "$dir" -j "$jobs" >/dev/null; then
+    ctest --test-dir "$dir" --output-on-failure -j "$jobs" || status=1
+    MALLARD_BUILD_DIR="$root/$dir" .venv/bin/pytest -q -p no:cacheprovider tests/secure || status=1
+  else
+    echo "the $((ps / 1024)) KiB page build failed"
+    status=1
+  fi
+done
+# ---- end of the page-size block ----
+# ---- musl (docs/COMPATIBILITY.md): libmallard built with musl-gcc; static musl programs with libmallard.a, dynamic
+# ones with libmallard.so preloaded (scripts/test-musl.sh). ----
+echo "== musl: static and dynamic suites (scripts/test-musl.sh)"
+bash scripts/test-musl.sh || status=1
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
 # ---- Rust crates (bindings/rust, issue 9): cargo test of both variants, then cargo package (no publishing) ----

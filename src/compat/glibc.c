@@ -4,7 +4,6 @@
 #include "control/control.h"
 #include <errno.h>
 #include <limits.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,6 +15,20 @@ enum { GL_M_MXFAST = 1, GL_M_TRIM_THRESHOLD = -1, GL_M_TOP_PAD = -2, GL_M_MMAP_T
 
 /* Only the replacing libraries define these names: the prefixed library leaves glibc's own to glibc. */
 #ifdef MALLARD_OVERRIDE
+#ifdef __GLIBC__
+#include <malloc.h>
+typedef struct mallinfo2 gl_mallinfo2_t;
+typedef struct mallinfo gl_mallinfo_t;
+#else
+/* musl declares none of these calls: the same names with glibc's layouts, for programs ported from glibc that
+ * declare them themselves (docs/COMPATIBILITY.md, "musl"). */
+typedef struct {
+  size_t arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
+} gl_mallinfo2_t;
+typedef struct {
+  int arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
+} gl_mallinfo_t;
+#endif
 /* The figures every glibc call reports, from one snapshot. */
 typedef struct glibc_view_s {
   size_t mapped, allocated, dirty, huge_count, huge_bytes;
@@ -38,7 +51,7 @@ static void view(glibc_view_t *v) {
 
 /* arena: everything mapped (huge blocks included, unlike glibc, where they are only in hblkhd); uordblks: bytes
  * allocated; fordblks: the rest of the mapping; keepcost: dirty bytes (what malloc_trim would give back). */
-static void fill2(struct mallinfo2 *m) {
+static void fill2(gl_mallinfo2_t *m) {
   glibc_view_t v;
   view(&v);
   memset(m, 0, sizeof *m);
@@ -52,8 +65,8 @@ static void fill2(struct mallinfo2 *m) {
 
 #define GL_EXPORT __attribute__((visibility("default")))
 
-GL_EXPORT struct mallinfo2 mallinfo2(void) {
-  struct mallinfo2 m;
+GL_EXPORT gl_mallinfo2_t mallinfo2(void) {
+  gl_mallinfo2_t m;
   fill2(&m);
   return m;
 }
@@ -62,10 +75,10 @@ GL_EXPORT struct mallinfo2 mallinfo2(void) {
  * as a small or negative one. */
 static int sat(size_t x) { return x > (size_t)INT_MAX ? INT_MAX : (int)x; }
 
-GL_EXPORT struct mallinfo mallinfo(void) {
-  struct mallinfo2 m2;
+GL_EXPORT gl_mallinfo_t mallinfo(void) {
+  gl_mallinfo2_t m2;
   fill2(&m2);
-  struct mallinfo m;
+  gl_mallinfo_t m;
   m.arena = sat(m2.arena);
   m.ordblks = sat(m2.ordblks);
   m.smblks = sat(m2.smblks);

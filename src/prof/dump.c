@@ -68,7 +68,7 @@ static int dump_auto(const char *what) {
   else snprintf(path, sizeof path, "%s.%d.%llu.pb.gz", mld_prof_opt.prefix, (int)getpid(),
                 (unsigned long long)atomic_fetch_add(&dump_seq, 1));
   int err = dump_to(path);
-  if (err) mld_message("mallard: prof: cannot write %s (%s)\n", path, strerrorname_np(err) ? strerrorname_np(err) : "error");
+  if (err) mld_message("mallard: prof: cannot write %s (%s)\n", path, mld_errname(err));
   return err;
 }
 
@@ -108,7 +108,7 @@ void mld_prof_dump_boot(void) {
   if (sigaction(mld_prof_opt.signal, &sa, NULL) != 0) {
     int err = errno;
     mld_message("mallard: prof: prof_signal:%s: cannot install a handler (%s); no profile will be written on that "
-                "signal\n", mld_prof_opt.signame, strerrorname_np(err) ? strerrorname_np(err) : "error");
+                "signal\n", mld_prof_opt.signame, mld_errname(err));
     mld_prof_opt.signal = 0;   /* no dump thread, no pending dumps: the signal keeps its default action */
   }
 }
@@ -162,7 +162,8 @@ void mld_prof_dump_after_sample(double est_bytes) {
 static void put_frame(char *line, size_t len, size_t *at, uintptr_t pc) {
   Dl_info di;
   int r;
-  if (dladdr((void *)(pc - 1), &di) && di.dli_sname && di.dli_saddr)
+  if (!dladdr((void *)(pc - 1), &di)) memset(&di, 0, sizeof di);   /* a static musl program: dladdr always fails */
+  if (di.dli_sname && di.dli_saddr)
     r = snprintf(line + *at, len - *at, " %s+0x%lx", di.dli_sname, (unsigned long)(pc - (uintptr_t)di.dli_saddr));
   else if (di.dli_fname && di.dli_fbase) {
     const char *base = strrchr(di.dli_fname, '/');
@@ -219,6 +220,20 @@ __attribute__((destructor)) static void prof_at_exit(void) {
 }
 
 /* ---- prof_signal's names ---- */
+/* Signal s's name without "SIG" (1..31), or NULL. glibc names them; elsewhere (musl has no sigabbrev_np) Linux's
+ * numbering, which every Linux C library shares, with glibc's choice among aliases (6 ABRT, 29 POLL). */
+static const char *sig_abbrev(int s) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+  return sigabbrev_np(s);
+#else
+  static const char names[32][8] = {
+    "", "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE", "ALRM",
+    "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF",
+    "WINCH", "POLL", "PWR", "SYS"};
+  return s > 0 && s < 32 ? names[s] : NULL;
+#endif
+}
+
 /* Signals that cannot be caught, or that report a fault of the program: never taken over for dumps. */
 static bool sig_refused(int s) {
   return s == SIGKILL || s == SIGSTOP || s == SIGSEGV || s == SIGBUS || s == SIGILL || s == SIGFPE || s == SIGABRT ||
@@ -233,17 +248,17 @@ int mld_prof_signal_parse(const char *v, size_t n) {
     sig = n == 1 ? v[0] - '0' : (v[0] - '0') * 10 + v[1] - '0';
   else
     for (int s = 1; s < 32 && sig < 0; s++) {
-      const char *a = sigabbrev_np(s);
+      const char *a = sig_abbrev(s);
       if (a && strlen(a) == n && !memcmp(a, v, n)) sig = s;
     }
-  /* 32 .. SIGRTMIN-1 are glibc's own (thread cancellation, setxid): sigaction refuses them. SIGRTMIN is read at run
-   * time (it is a function of the C library, not a constant). */
+  /* 32 .. SIGRTMIN-1 are the C library's own (glibc: 32-33, musl: 32-34; thread cancellation, setxid): sigaction
+   * refuses them. SIGRTMIN is read at run time (it is a function of the C library, not a constant). */
   if (sig < 1 || sig > SIGRTMAX || (sig >= 32 && sig < SIGRTMIN) || sig_refused(sig)) return -1;
   return sig;
 }
 
 void mld_prof_signal_name(int sig, char *out, size_t len) {
-  const char *a = sig > 0 && sig < 32 ? sigabbrev_np(sig) : NULL;
+  const char *a = sig > 0 && sig < 32 ? sig_abbrev(sig) : NULL;
   if (!sig) snprintf(out, len, "none");
   else if (a) snprintf(out, len, "SIG%s", a);
   else snprintf(out, len, "%d", sig);

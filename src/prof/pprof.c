@@ -14,9 +14,10 @@
  *    names where it cannot (stripped binaries, libraries without DWARF). Measured with go tool pprof 1.26: `true`
  *    would lose file:line and every function missing from .dynsym; `false` costs only the name of a function whose
  *    out-of-line copy refers to its name through DW_AT_abstract_origin (Go's reader shows it with file:line only).
- *  - Function names from dladdr1(RTLD_DL_SYMENT) (the dynamic symbol tables), accepted only if pc - 1 lies inside
- *    [st_value, st_value + st_size) of that function symbol: a neighbouring exported symbol is no answer. name and
- *    system_name are the symbol as linked (C++ names mangled: pprof demangles them).
+ *  - Function names from the dynamic symbol tables (glibc: dladdr1(RTLD_DL_SYMENT); musl: the tables read through
+ *    dl_iterate_phdr), accepted only if pc - 1 lies inside [st_value, st_value + st_size) of that function symbol: a
+ *    neighbouring exported symbol is no answer. name and system_name are the symbol as linked (C++ names mangled:
+ *    pprof demangles them). A static program has no dynamic symbols: pprof names its functions from the binary.
  * Memory: growable buffers (platform plain mappings) and open-addressing hash tables, all unmapped before returning. */
 #define _GNU_SOURCE
 #include "platform/platform.h"
@@ -405,18 +406,105 @@ static int location_id(pp_t *s, uintptr_t pc, uint64_t *id) {
   return 0;
 }
 
-/* The function id naming `addr` (a call instruction), or 0: dladdr1's symbol is accepted only if it is a function
- * and addr lies within its [value, value + size). */
-static int function_id(pp_t *s, uintptr_t addr, uint64_t *id) {
-  *id = 0;
+#ifdef __GLIBC__
+/* The function symbol whose [value, value + size) holds addr: its name and start. glibc: dladdr1 gives the symbol
+ * entry, whose type and size decide (dladdr alone would name the nearest exported symbol below addr). */
+static bool symbol_of(uintptr_t addr, const char **name, uintptr_t *lo) {
   Dl_info dl;
   const ElfW(Sym) *sym = NULL;
   if (!dladdr1((void *)addr, &dl, (void **)&sym, RTLD_DL_SYMENT) || !dl.dli_sname || !dl.dli_sname[0] || !sym ||
       !dl.dli_saddr)
-    return 0;
-  uintptr_t lo = (uintptr_t)dl.dli_saddr;
+    return false;
+  uintptr_t start = (uintptr_t)dl.dli_saddr;
   unsigned type = ELF64_ST_TYPE(sym->st_info);
-  if ((type != STT_FUNC && type != STT_GNU_IFUNC) || addr < lo || addr - lo >= sym->st_size) return 0;
+  if ((type != STT_FUNC && type != STT_GNU_IFUNC) || addr < start || addr - start >= sym->st_size) return false;
+  *name = dl.dli_sname;
+  *lo = start;
+  return true;
+}
+#else
+/* Without dladdr1 (musl; its dladdr takes symbols of any type, and one of size 0 at any distance): the dynamic
+ * symbol table of the object holding addr, read in memory through dl_iterate_phdr. A static program has none: its
+ * names come from the binary on disk, which pprof reads through the mapping. */
+typedef struct { uintptr_t addr, lo; const char *name; } sym_query_t;
+
+/* A dynamic-section address: glibc relocates them in place, musl leaves them relative to the load base. */
+static uintptr_t dyn_ptr(const struct dl_phdr_info *info, uintptr_t v) {
+  return v < info->dlpi_addr ? info->dlpi_addr + v : v;
+}
+
+/* The number of dynamic symbols: DT_HASH's nchain, else one past the last symbol of DT_GNU_HASH's chains. */
+static size_t dyn_symbols(const uint32_t *hash, const uint32_t *gnu) {
+  if (hash) return hash[1];
+  if (!gnu) return 0;
+  uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_words = gnu[2];
+  const uint32_t *buckets = gnu + 4 + (size_t)bloom_words * (sizeof(ElfW(Addr)) / 4);
+  const uint32_t *chains = buckets + nbuckets;   /* chains[i - symoffset]: symbol i's hash, bit 0 ends a chain */
+  uint32_t last = 0;
+  for (uint32_t i = 0; i < nbuckets; i++) if (buckets[i] > last) last = buckets[i];
+  if (last < symoffset) return symoffset;
+  while (!(chains[last - symoffset] & 1)) last++;
+  return (size_t)last + 1;
+}
+
+static int symbol_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  sym_query_t *q = arg;
+  const ElfW(Dyn) *dyn = NULL;
+  bool inside = false;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type == PT_LOAD && q->addr - info->dlpi_addr - ph->p_vaddr < ph->p_memsz) inside = true;
+    if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + ph->p_vaddr);
+  }
+  if (!inside) return 0;
+  if (!dyn) return 1;   /* the object holding addr has no dynamic symbols: stop here */
+  const ElfW(Sym) *syms = NULL;
+  const char *strs = NULL;
+  const uint32_t *hash = NULL, *gnu = NULL;
+  size_t strsz = 0;
+  for (; dyn->d_tag != DT_NULL; dyn++) {
+    if (dyn->d_tag == DT_SYMTAB) syms = (const ElfW(Sym) *)dyn_ptr(info, dyn->d_un.d_ptr);
+    else if (dyn->d_tag == DT_STRTAB) strs = (const char *)dyn_ptr(info, dyn->d_un.d_ptr);
+    else if (dyn->d_tag == DT_STRSZ) strsz = dyn->d_un.d_val;
+    else if (dyn->d_tag == DT_HASH) hash = (const uint32_t *)dyn_ptr(info, dyn->d_un.d_ptr);
+    else if (dyn->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)dyn_ptr(info, dyn->d_un.d_ptr);
+  }
+  if (!syms || !strs) return 1;
+  size_t n = dyn_symbols(hash, gnu);
+  for (size_t i = 1; i < n; i++) {   /* symbol 0 is the undefined one */
+    const ElfW(Sym) *sym = &syms[i];
+    unsigned type = ELF64_ST_TYPE(sym->st_info);
+    if ((type != STT_FUNC && type != STT_GNU_IFUNC) || sym->st_shndx == SHN_UNDEF || !sym->st_size ||
+        sym->st_name >= strsz || !strs[sym->st_name])
+      continue;
+    uintptr_t start = info->dlpi_addr + sym->st_value;
+    if (q->addr >= start && q->addr - start < sym->st_size) {
+      q->lo = start;
+      q->name = strs + sym->st_name;
+      break;
+    }
+  }
+  return 1;
+}
+
+static bool symbol_of(uintptr_t addr, const char **name, uintptr_t *lo) {
+  sym_query_t q = {addr, 0, NULL};
+  dl_iterate_phdr(symbol_cb, &q);
+  if (!q.name) return false;
+  *name = q.name;
+  *lo = q.lo;
+  return true;
+}
+#endif
+
+/* The function id naming `addr` (a call instruction), or 0: a function symbol is accepted only if addr lies within
+ * its [value, value + size). */
+static int function_id(pp_t *s, uintptr_t addr, uint64_t *id) {
+  *id = 0;
+  const char *sname;
+  uintptr_t lo;
+  if (!symbol_of(addr, &sname, &lo)) return 0;
   int e = map_grow(&s->funcmap);
   if (e) return e;
   size_t i = map_slot(&s->funcmap, lo);
@@ -425,7 +513,7 @@ static int function_id(pp_t *s, uintptr_t addr, uint64_t *id) {
     return 0;
   }
   uint64_t name;
-  if ((e = str_intern_c(s, dl.dli_sname, &name))) return e;
+  if ((e = str_intern_c(s, sname, &name))) return e;
   if (s->nfuncs >= UINT32_MAX - 1) return ENOMEM;
   uint32_t fid = s->nfuncs + 1;
   uint8_t body[3 * (1 + VARINT_MAX)], *q = body;

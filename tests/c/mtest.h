@@ -72,7 +72,6 @@ static inline int mt_result(const char *name) {
 #define M_posix_memalign posix_memalign
 #define M_memalign memalign
 #define M_valloc valloc
-#define M_pvalloc pvalloc
 #define M_usable malloc_usable_size
 #ifdef MT_STATIC
 #define MT_MODE "static"
@@ -100,6 +99,26 @@ static inline void *mt_sym(const char *name) {
 #define MT_COLLECT(f) mallard_collect(f)
 #endif
 
+/* glibc's extensions that Mallard defines on every C library (pvalloc, malloc_trim, mallopt) but musl neither
+ * declares nor defines: declared here; a preloaded program cannot link them (its libc has none), so it looks them
+ * up in the process, where libmallard.so exports them. */
+#ifndef MT_PREFIX
+#ifdef __GLIBC__
+#define M_pvalloc pvalloc
+#else
+void *pvalloc(size_t size);
+int malloc_trim(size_t pad);
+int mallopt(int param, int value);
+#ifdef MT_PRELOAD
+#define M_pvalloc ((void *(*)(size_t))mt_sym("pvalloc"))
+#define malloc_trim(pad) (((int (*)(size_t))mt_sym("malloc_trim"))(pad))
+#define mallopt(param, value) (((int (*)(int, int))mt_sym("mallopt"))(param, value))
+#else
+#define M_pvalloc pvalloc
+#endif
+#endif
+#endif
+
 /* A field of /proc/self/status in KiB ("VmRSS:", "VmSize:"), read without allocating through stdio. */
 static inline long mt_status_kb(const char *field) {
   char buf[8192];
@@ -111,6 +130,15 @@ static inline long mt_status_kb(const char *field) {
   const char *p = strstr(buf, field);
   if (!p) return -1;
   return strtol(p + strlen(field), NULL, 10);
+}
+
+/* The page size the allocator must use: the kernel's, or a MALLARD_TEST_PAGE_SIZE build's when larger. */
+static inline size_t mt_page(void) {
+  size_t k = (size_t)sysconf(_SC_PAGESIZE);
+#ifdef MALLARD_TEST_PAGE_SIZE
+  if ((size_t)MALLARD_TEST_PAGE_SIZE > k) return MALLARD_TEST_PAGE_SIZE;
+#endif
+  return k;
 }
 
 static inline double mt_now(void) {

@@ -268,15 +268,16 @@ static void test_aligned(void) {
   check_block(p, 10, 4096, "memalign(3000)");
   M_free(p);
 
-  /* valloc: page aligned; pvalloc: page aligned and rounded up to whole pages. */
-  const size_t vs[] = { 0, 1, 4095, 4096, 4097, 100000, 3 * MiB };
+  /* valloc: page aligned; pvalloc: page aligned and rounded up to whole pages (the page in force: mt_page). */
+  const size_t pg = mt_page();
+  const size_t vs[] = { 0, 1, 4095, 4096, 4097, 16385, 65537, 100000, 3 * MiB };
   for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
     p = M_valloc(vs[k]);
-    check_block(p, vs[k], 4096, "valloc");
+    check_block(p, vs[k], pg, "valloc");
     M_free(p);
     p = M_pvalloc(vs[k]);
-    size_t want = vs[k] ? (vs[k] + 4095) & ~(size_t)4095 : 4096;
-    check_block(p, want, 4096, "pvalloc");
+    size_t want = vs[k] ? (vs[k] + pg - 1) & ~(pg - 1) : pg;
+    check_block(p, want, pg, "pvalloc");
     M_free(p);
   }
 }
@@ -681,6 +682,11 @@ static void test_malloc_trim(void) {
   check_block(p, 100000, 16, "malloc after malloc_trim");
   free(p);
 }
+
+#ifndef M_TRIM_THRESHOLD   /* musl's malloc.h names none of glibc's parameters: glibc's numbers, as Mallard reads them */
+enum { M_MXFAST = 1, M_TRIM_THRESHOLD = -1, M_TOP_PAD = -2, M_MMAP_THRESHOLD = -3, M_MMAP_MAX = -4,
+       M_CHECK_ACTION = -5, M_PERTURB = -6, M_ARENA_TEST = -7, M_ARENA_MAX = -8 };
+#endif
 
 /* mallopt answers as glibc 2.36 does (checked against glibc itself, docs/COMPAT.md): 1 for every parameter, known
  * or not, whatever the value (M_ARENA_MAX 0, -1, 128 included), except M_MXFAST outside 0..160,

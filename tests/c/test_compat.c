@@ -81,7 +81,7 @@ static void test_names(void) {
   CHECK(bgopt, "opt.background_thread is false by default");
   size_t page = 0;
   RD(size_t, "arenas.page", page);
-  CHECK(page == 4096, "arenas.page %zu", page);
+  CHECK(page == mt_page(), "arenas.page %zu, the page in force %zu", page, mt_page());
   RD(unsigned, "arenas.nbins", nbins);
   CHECK(nbins > 10 && nbins < 200, "arenas.nbins %u", nbins);
   size_t bsize = 0;

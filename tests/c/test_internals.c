@@ -2,6 +2,7 @@
 #include "mtest.h"
 #include "core/core.h"
 #include "control/control.h"
+#include "prof/prof.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -335,6 +336,35 @@ static void test_options(void) {
   unsetenv("MALLARD_CONF_PATH");
 }
 
+/* prof_signal's names: glibc's sigabbrev_np, or (musl) Mallard's own table, which must give the same names; the
+ * C library's reserved signals (glibc 32-33, musl 32-34: below SIGRTMIN) and faults refused. */
+static void test_signal_names(void) {
+  static const struct { const char *name; int sig; } known[] = {
+    { "HUP", SIGHUP }, { "SIGUSR2", SIGUSR2 }, { "USR1", SIGUSR1 }, { "SIGPOLL", 29 }, { "PWR", 30 },
+    { "STKFLT", 16 }, { "WINCH", SIGWINCH }, { "SIGTERM", SIGTERM }, { "none", 0 }, { "12", 12 } };
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+    CHECK(mld_prof_signal_parse(known[i].name, strlen(known[i].name)) == known[i].sig, "prof_signal:%s != %d",
+          known[i].name, known[i].sig);
+  static const char *const refused[] = { "SIGKILL", "SEGV", "SYS", "ABRT", "IO", "IOT", "USR3", "32" };
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+    CHECK(mld_prof_signal_parse(refused[i], strlen(refused[i])) == -1, "prof_signal:%s accepted", refused[i]);
+  for (int sig = 32; sig < SIGRTMIN; sig++) {
+    char n[8];
+    snprintf(n, sizeof n, "%d", sig);
+    CHECK(mld_prof_signal_parse(n, strlen(n)) == -1, "prof_signal:%d (the C library's own) accepted", sig);
+  }
+  char rt[8];
+  snprintf(rt, sizeof rt, "%d", SIGRTMIN);
+  CHECK(mld_prof_signal_parse(rt, strlen(rt)) == SIGRTMIN, "prof_signal:%d (SIGRTMIN) refused", SIGRTMIN);
+  static const struct { int sig; const char *name; } names[] = {
+    { SIGUSR2, "SIGUSR2" }, { 29, "SIGPOLL" }, { SIGHUP, "SIGHUP" }, { 31, "SIGSYS" }, { 0, "none" }, { 40, "40" } };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char out[16];
+    mld_prof_signal_name(names[i].sig, out, sizeof out);
+    CHECK(!strcmp(out, names[i].name), "signal %d is named %s, want %s", names[i].sig, out, names[i].name);
+  }
+}
+
 int main(void) {
   void *p = mallard_malloc(1);   /* initialises the allocator: classes, options, arenas */
   mallard_free(p);
@@ -342,6 +372,7 @@ int main(void) {
   test_ownership();
   test_spans();
   test_options();
+  test_signal_names();
   /* The allocator still works with the restored options. */
   p = mallard_malloc(12345);
   CHECK(p && mallard_owns(p), "malloc after the unit tests");

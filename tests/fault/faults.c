@@ -125,8 +125,10 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
   }
   return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
 }
+#ifndef mmap64   /* musl: a macro naming mmap (nothing more to replace) */
 EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
     __attribute__((alias("mmap")));
+#endif
 
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...) {
   void *fixed = NULL;

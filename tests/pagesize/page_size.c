@@ -8,6 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if !defined(__GLIBC__)   /* musl has no pvalloc: Mallard's, linked in or exported by the preloaded library */
+#ifdef PAGE_SIZE_LINKED
+void *pvalloc(size_t size);
+#else
+#define pvalloc(n) (((void *(*)(size_t))dlsym(RTLD_DEFAULT, "pvalloc"))(n))
+#endif
+#endif
 
 typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
 typedef void (*stats_fn)(void (*)(void *, const char *), void *, const char *);

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -385,6 +386,19 @@ static inline struct thread_rec *count(enum fn_id fn, int has_size, size_t size)
     return r;
 }
 
+/* The real function, with counting off while it runs when this call was counted (r): musl's own calloc, memalign,
+ * posix_memalign and valloc call malloc or aligned_alloc by their exported names, which lead back here (glibc's call
+ * theirs internally). */
+#define FORWARD(r, call)                       \
+    __extension__({                            \
+        int was_busy_ = tls_busy;              \
+        if (r)                                 \
+            tls_busy = 1;                      \
+        __typeof__(call) forwarded_ = (call);  \
+        tls_busy = was_busy_;                  \
+        forwarded_;                            \
+    })
+
 static inline size_t usable(void *p)
 {
     return (p && real_usable && !is_boot(p)) ? real_usable(p) : 0;
@@ -407,7 +421,7 @@ EXPORT void *malloc(size_t size)
     if (!ensure_init())
         return boot_alloc(size, 16);
     struct thread_rec *r = count(F_MALLOC, 1, size);
-    void *p = real_malloc(size);
+    void *p = FORWARD(r, real_malloc(size));
     note_alloc(r, p);
     return p;
 }
@@ -425,7 +439,7 @@ EXPORT void *calloc(size_t n, size_t size)
         return boot_alloc(total, 16); /* static storage is already zero */
     }
     struct thread_rec *r = count(F_CALLOC, 1, total);
-    void *p = real_calloc(n, size);
+    void *p = FORWARD(r, real_calloc(n, size));
     note_alloc(r, p);
     return p;
 }
@@ -438,7 +452,11 @@ EXPORT void free(void *p)
         return;
     struct thread_rec *r = count(F_FREE, 0, 0);
     size_t was = r ? usable(p) : 0;
+    int was_busy = tls_busy;
+    if (r)
+        tls_busy = 1; /* as FORWARD: nothing inside is counted */
     real_free(p);
+    tls_busy = was_busy;
     note_free(r, was);
 }
 
@@ -454,7 +472,7 @@ static void *realloc_common(enum fn_id fn, void *p, size_t size)
     }
     struct thread_rec *r = count(fn, 1, size);
     size_t was = (r && p) ? usable(p) : 0;
-    void *q = real_realloc(p, size);
+    void *q = FORWARD(r, real_realloc(p, size));
     if (r) {
         if (q) {
             track_live(r, (long long)usable(q) - (long long)was, p ? 0 : 1);
@@ -496,7 +514,7 @@ EXPORT void *aligned_alloc(size_t align, size_t size)
     if (!ensure_init())
         return boot_alloc(size, align);
     struct thread_rec *r = count(F_ALIGNED_ALLOC, 1, size);
-    void *p = real_aligned_alloc(align, size);
+    void *p = FORWARD(r, real_aligned_alloc(align, size));
     note_alloc(r, p);
     return p;
 }
@@ -508,7 +526,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
         return *out ? 0 : ENOMEM;
     }
     struct thread_rec *r = count(F_POSIX_MEMALIGN, 1, size);
-    int rc = real_posix_memalign(out, align, size);
+    int rc = FORWARD(r, real_posix_memalign(out, align, size));
     if (rc == 0)
         note_alloc(r, *out);
     return rc;
@@ -519,7 +537,7 @@ EXPORT void *memalign(size_t align, size_t size)
     if (!ensure_init())
         return boot_alloc(size, align);
     struct thread_rec *r = count(F_MEMALIGN, 1, size);
-    void *p = real_memalign(align, size);
+    void *p = FORWARD(r, real_memalign(align, size));
     note_alloc(r, p);
     return p;
 }
@@ -529,7 +547,7 @@ EXPORT void *valloc(size_t size)
     if (!ensure_init())
         return boot_alloc(size, 4096);
     struct thread_rec *r = count(F_VALLOC, 1, size);
-    void *p = real_valloc(size);
+    void *p = FORWARD(r, real_valloc(size));
     note_alloc(r, p);
     return p;
 }
@@ -539,7 +557,16 @@ EXPORT void *pvalloc(size_t size)
     if (!ensure_init())
         return boot_alloc((size + 4095) & ~(size_t)4095, 4096);
     struct thread_rec *r = count(F_PVALLOC, 1, size);
-    void *p = real_pvalloc(size);
+    void *p;
+    if (real_pvalloc) {
+        p = FORWARD(r, real_pvalloc(size));
+    } else { /* musl has no pvalloc: glibc's meaning (whole pages, at least one), served by memalign */
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t whole = size ? (size + page - 1) & ~(page - 1) : page;
+        p = whole >= size ? FORWARD(r, real_memalign(page, whole)) : NULL;
+        if (!p)
+            errno = ENOMEM;
+    }
     note_alloc(r, p);
     return p;
 }
