@@ -11,7 +11,8 @@ FIGURE_UNITS = {
     "rss_flushed_kib": "KiB", "rss_after_threads_kib": "KiB", "rss_with_survivors_kib": "KiB",
     "rss_all_freed_kib": "KiB", "rss_after_wait_kib": "KiB", "virt_alloc_per_thread_kib": "KiB",
     "rss_alloc_per_thread_kib": "KiB", "data_alloc_per_thread_kib": "KiB", "lifo_s": "s", "fifo_s": "s",
-    "random_s": "s", "list_s": "s", "misaligned": "blocks",
+    "random_s": "s", "list_s": "s", "misaligned": "blocks", "ns_pair_16": "ns", "ns_pair_64": "ns",
+    "ns_pair_256": "ns", "ns_pair_1024": "ns", "ns_pair_8192": "ns", "ns_remote_free": "ns",
 }
 
 

@@ -30,14 +30,15 @@ import mbench_programs  # noqa: E402
 import mbench_report  # noqa: E402
 import mbench_scaling  # noqa: E402
 import mimalloc_bench  # noqa: E402
+import musl_static  # noqa: E402
 
 # The peers Mallard is compared against; "best peer" is the fastest (or leanest) of these in each cell.
 PEERS = ("glibc", "jemalloc", "mimalloc", "tcmalloc")
 # Mallard's variants compared by default (others, e.g. a no-statistics build, only with --allocators).
 MALLARD = ("mallard", "mallard-secure")
-MODES = ("smoke", "quick", "full", "scaling", "mbench")
-REPEATS = {"smoke": 1, "quick": 3, "full": 5, "scaling": 3, "mbench": 3}
-TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180, "mbench": 300}
+MODES = ("smoke", "quick", "full", "scaling", "mbench", "musl")
+REPEATS = {"smoke": 1, "quick": 3, "full": 5, "scaling": 3, "mbench": 3, "musl": 3}
+TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180, "mbench": 300, "musl": 60}
 # The scaling mode's workloads: every one moves objects between threads.
 SCALING_WORKLOADS = ("xstorm", "server", "localremote", "larson", "prodcons")
 
@@ -492,16 +493,96 @@ def run_mbench(a, allocs: list, peers: tuple, out_dir: Path, stamp: str, command
     return 0
 
 
+def run_musl(a, out_dir: Path, stamp: str, command: str) -> int:
+    """The musl mode: every C workload as two static musl programs (bench/CMakeLists.txt: bin/static-musl/ with
+    musl's malloc, bin/static-mallard/ with libmallard.a), run side by side, interleaved; ratios Mallard / musl."""
+    bins = Path(a.bin_dir).resolve() if a.bin_dir else musl_static.default_build_dir(REPO).resolve() / "bin"
+    threads = [int(t) for t in a.threads.split(",")] if a.threads else thread_counts("quick")
+    data_dir = Path(tempfile.gettempdir()) / "mallard-bench-data"
+    every = plan(a.sizes, data_dir, None, threads)
+    fp_iters = {"smoke": 20000, "quick": 2000000, "full": 5000000}[a.sizes]
+    # The fast-path loop is a cell here (the other modes run it apart, for their fast-path table).
+    every.append(Cell("fastpath", 1, "c", ["-n", str(fp_iters)],
+                      stresses="malloc/free pairs of 16-8192 B in a tight loop, and remote frees",
+                      figures=("ns_pair_16", "ns_pair_64", "ns_pair_256", "ns_pair_1024", "ns_pair_8192",
+                               "ns_remote_free")))
+    left_out = {c.workload: musl_static.LEFT_OUT.get(c.workload, "not a C workload") for c in every if c.kind != "c"}
+    cells = [c for c in every if c.kind == "c"]
+    if a.workloads:
+        only = [w.strip() for w in a.workloads.split(",") if w.strip()]
+        refused = [w for w in only if w.split("/")[0] in left_out]
+        if refused:
+            print("bench: the musl mode runs the C workloads only; not " + "; ".join(
+                f"{w} ({left_out[w.split('/')[0]]})" for w in refused), file=sys.stderr)
+            return 2
+        cells = [c for c in cells if any(o == c.workload or o == c.id for o in only)]
+        if not cells:
+            print("bench: no workload matches --workloads", file=sys.stderr)
+            return 2
+    workloads = sorted({c.workload for c in cells})
+    mallard_version = alloc_mod.library_version(str(bins.parent / "lib" / "libmallard.a"), "mallard")
+    builds, problems = musl_static.builds(bins, workloads, mallard_version)
+    if problems:
+        for p in problems[:8]:
+            print(f"bench: musl: {p}", file=sys.stderr)
+        if len(problems) > 8:
+            print(f"bench: musl: ... and {len(problems) - 8} more", file=sys.stderr)
+        print(f"bench: the musl mode needs the static musl programs in {bins}/static-musl and static-mallard; build "
+              "them with: bash scripts/test-musl.sh (or CC=musl-gcc cmake -S . -B build-musl -G Ninja "
+              "-DCMAKE_BUILD_TYPE=Release && cmake --build build-musl --target mallard-bench-musl), or give "
+              "--bin-dir", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    repeats = a.repeats or REPEATS["musl"]
+    timeout = a.timeout or TIMEOUT_S["musl"]
+    machine = machine_info(builds)
+    machine["arch"] = os.uname().machine
+    raw = {"mode": "musl", "sizes": a.sizes, "repeats": repeats, "command": command, "started": stamp,
+           "machine": machine, "allocators": [b.name for b in builds], "peers": ["musl"],
+           "builds": [{"name": b.name, "bins": musl_static.where(b.bins, REPO), "version": b.version,
+                       "what": b.what} for b in builds],
+           "left_out": left_out, "cells": []}
+    t_start = time.monotonic()
+    with progress_bar() as prog:
+        task = prog.add_task("musl", total=len(cells) * len(builds) * repeats)
+        # Each build runs its own programs: the folder comes from the build, not from one --bin-dir.
+        raw["cells"] = run_cells(cells, builds, bins, repeats, timeout, prog, task, t_start,
+                                 run=lambda cell, b, _bins, t: run_once(cell, b, b.bins, t),
+                                 reproduce=lambda cell, b, _bins: repro(cell, b, b.bins))
+    raw["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    summary = mbench_report.summarize(raw, ("musl",))
+    raw["summary"] = summary
+    (out_dir / "raw.json").write_text(json.dumps(raw, indent=1))
+    (out_dir / "results.md").write_text(musl_static.markdown(raw, summary, level=1))
+    plots = mbench_report.plots(raw, summary, out_dir) if a.plots else []
+    note = ""
+    if a.docs_section:
+        doc = Path(a.docs_file) if a.docs_file else REPO / "docs" / "PERFORMANCE.md"
+        mbench_scaling.write_docs_section(doc, a.docs_section, musl_static.markdown(raw, summary, level=2),
+                                          kind="musl")
+        note = f"; section {a.docs_section} of {doc} written"
+    print(musl_static.console_summary(summary))
+    print(f"bench: musl, {len(cells)} cells x {len(builds)} builds x {repeats} repeats in {raw['elapsed_s']} s; "
+          f"results in {out_dir} ({', '.join(p.name for p in plots) or 'no plots'}){note}")
+    if summary["failures"]:
+        print(f"bench: {len(summary['failures'])} failed cell(s); see the Failures section of "
+              f"{out_dir / 'results.md'}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Example: .venv/bin/python bench/run.py quick --allocators glibc,mimalloc\n"
                                         "         .venv/bin/python bench/run.py scaling --threads 1,2,4,8,16 "
                                         "--allocators glibc,mallard,/work/peers/lib/libsnmallocshim.so\n"
                                         "         .venv/bin/python bench/run.py mbench --mbench-dir /work/peers/bin "
-                                        "--threads 1,2,4 --allocators glibc,mallard --run-s 2")
+                                        "--threads 1,2,4 --allocators glibc,mallard --run-s 2\n"
+                                        "         .venv/bin/python bench/run.py musl --docs-section 2core")
     ap.add_argument("mode", choices=MODES, help="smoke: tiny CI check; quick: < 3 min; full: < 25 min, rewrites docs; "
                                                 "scaling: the cross-thread workloads at each of --threads; "
-                                                "mbench: mimalloc-bench's programs from --mbench-dir")
+                                                "mbench: mimalloc-bench's programs from --mbench-dir; "
+                                                "musl: the C workloads as static musl programs, musl's malloc "
+                                                "against libmallard.a linked in")
     ap.add_argument("--allocators", help="comma-separated names or .so paths (default: every one discover() finds); "
                                          "a path is named after its file (libfoo.so: foo); NAME@OPT:V+OPT:V runs a "
                                          "Mallard library with those options (MALLARD_CONF) as a row of its own")
@@ -514,17 +595,18 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", help="comma-separated thread counts (default: 1,2,4 and more on bigger machines; "
                                       "scaling: powers of two up to 8 or the core count)")
     ap.add_argument("--sizes", choices=("smoke", "quick", "full"), default="quick",
-                    help="scaling: the problem sizes of this mode (default quick)")
+                    help="scaling, musl: the problem sizes of this mode (default quick)")
     ap.add_argument("--docs-section", metavar="NAME",
-                    help="scaling, mbench: also write the tables between <!-- MODE:NAME begin --> and <!-- MODE:NAME "
-                         "end --> of docs/PERFORMANCE.md (replacing that section, or appending it)")
+                    help="scaling, mbench, musl: also write the tables between <!-- MODE:NAME begin --> and "
+                         "<!-- MODE:NAME end --> of docs/PERFORMANCE.md (replacing that section, or appending it)")
     ap.add_argument("--docs-file", metavar="PATH", help="the page --docs-section writes (default docs/PERFORMANCE.md)")
     ap.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=None,
                     help="callgrind instruction counts per pair (default: on in full mode)")
     ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
                     help="rewrite docs/PERFORMANCE.md (default: on in full mode with every workload)")
     ap.add_argument("--bin-dir", help="folder of the mallard-bench-* programs (default: $MALLARD_BUILD_DIR/bin, "
-                                      "else build/bin)")
+                                      "else build/bin; musl: $MALLARD_MUSL_BUILD_DIR/bin, else build-musl/bin, "
+                                      "which holds static-musl/ and static-mallard/)")
     ap.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write matplotlib plots")
     ap.add_argument("--timeout", type=float, metavar="S",
                     help="seconds before one run counts as failed (default: smoke/quick 60, full/scaling 180, "
@@ -536,10 +618,14 @@ def main(argv=None) -> int:
                     help="mbench: run time of the fixed-time programs whose arguments set one (xmalloc-test -t, "
                          "larson's first argument; default: their standard 5 s)")
     a = ap.parse_args(argv)
-    if a.mode not in ("scaling", "mbench") and (a.docs_section or a.docs_file):
-        print("bench: --docs-section and --docs-file belong to the scaling and mbench modes", file=sys.stderr)
+    if a.mode not in ("scaling", "mbench", "musl") and (a.docs_section or a.docs_file):
+        print("bench: --docs-section and --docs-file belong to the scaling, mbench and musl modes", file=sys.stderr)
         return 2
-    if a.mode in ("scaling", "mbench") and a.docs:
+    if a.mode == "musl" and (a.allocators or a.peers or a.callgrind):
+        print("bench: the musl mode compares its two static builds (musl's malloc, Mallard linked in); "
+              "--allocators, --peers and --callgrind do not apply", file=sys.stderr)
+        return 2
+    if a.mode in ("scaling", "mbench", "musl") and a.docs:
         print(f"bench: the {a.mode} mode never rewrites docs/PERFORMANCE.md; --docs-section NAME writes one section",
               file=sys.stderr)
         return 2
@@ -569,13 +655,14 @@ def main(argv=None) -> int:
         print("bench: warning: mallard-measure (built with tools/tracer) not found; peak RSS of small runs will "
               "include the runner's own RSS", file=sys.stderr)
     missing = [p for p in ("larson", "fastpath") if not (bins / f"mallard-bench-{p}").exists()]
-    if missing and a.mode != "mbench":  # the mbench mode runs programs from outside the repository only
+    # The mbench mode runs programs from outside the repository only; the musl mode checks its own programs.
+    if missing and a.mode not in ("mbench", "musl"):
         print(f"bench: workloads not built in {bins}; run: cmake --build {bins.parent} --target mallard-bench "
               f"(or set MALLARD_BUILD_DIR)", file=sys.stderr)
         return 2
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(a.out) if a.out else REPO / "results" / f"{stamp}-{a.mode}"
-    if a.mode != "mbench":  # the mbench mode checks its own options first, then makes the folder
+    if a.mode not in ("mbench", "musl"):  # these check their own options first, then make the folder
         out_dir.mkdir(parents=True, exist_ok=True)
     command = "cd " + str(REPO) + " && " + " ".join(shlex.quote(x) for x in [
         os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable,
@@ -584,6 +671,8 @@ def main(argv=None) -> int:
         return run_scaling(a, allocs, bins, peers, out_dir, stamp, command)
     if a.mode == "mbench":
         return run_mbench(a, allocs, peers, out_dir, stamp, command)
+    if a.mode == "musl":
+        return run_musl(a, out_dir, stamp, command)
 
     repeats = a.repeats or REPEATS[a.mode]
     only = [w.strip() for w in a.workloads.split(",")] if a.workloads else None
