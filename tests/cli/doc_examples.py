@@ -104,11 +104,14 @@ def environment(build: Path) -> dict:
     return env
 
 
-def write(build: Path) -> None:
-    """Refreshes every example's output in docs/CLI.md from a real run in the repository root."""
+def write(build: Path, only: str | None = None) -> None:
+    """Refreshes every example's output in docs/CLI.md from a real run in the repository root (only: just the
+    blocks whose first command contains that text)."""
     text = DOC.read_text()
     lines = text.splitlines()
     for block in reversed(parse(text)):
+        if only is not None and only not in block.examples[0].command:
+            continue
         got = run_block(block, REPO, environment(build))
         body = []
         for ex in got:
@@ -121,6 +124,8 @@ def write(build: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--write"]:
-        sys.exit("usage: doc_examples.py --write   (MALLARD_BUILD_DIR: the build to run; default build/)")
-    write(Path(os.environ.get("MALLARD_BUILD_DIR", REPO / "build")).resolve())
+    if sys.argv[1:2] != ["--write"] or len(sys.argv) not in (2, 4) or (len(sys.argv) == 4 and sys.argv[2] != "--only"):
+        sys.exit("usage: doc_examples.py --write [--only TEXT]   (TEXT: in the first command of the blocks to refresh; "
+                 "MALLARD_BUILD_DIR: the build to run; default build/)")
+    write(Path(os.environ.get("MALLARD_BUILD_DIR", REPO / "build")).resolve(),
+          sys.argv[3] if len(sys.argv) == 4 else None)

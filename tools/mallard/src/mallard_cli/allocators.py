@@ -403,7 +403,8 @@ def conf_variable(alloc: Allocator, conf: str | None) -> tuple[str, str] | None:
     hint = {"mimalloc": "mimalloc reads MIMALLOC_* variables (e.g. MIMALLOC_ARENA_EAGER_COMMIT)",
             "mimalloc-secure": "mimalloc reads MIMALLOC_* variables",
             "tcmalloc": "tcmalloc reads TCMALLOC_* variables",
-            "glibc": "glibc's malloc reads GLIBC_TUNABLES (e.g. glibc.malloc.arena_max=2)"}.get(
+            "glibc": "glibc's malloc reads GLIBC_TUNABLES (e.g. glibc.malloc.arena_max=2)",
+            "musl": "musl's malloc has no options"}.get(
         alloc.name, f"{alloc.name} does not read MALLARD_CONF")
     raise ConfNotApplicable(f"--conf sets Mallard's options, which {alloc.name} ignores ({hint}): set its own "
                             "variable in the environment instead")

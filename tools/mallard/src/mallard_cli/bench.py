@@ -80,8 +80,8 @@ def run_bench(cmd: list[str], allocs: list[Allocator], n: int, warmup: int, metr
 
 def baseline(results: list[AllocRuns]) -> AllocRuns | None:
     ok = [r for r in results if r.failure is None and r.runs]
-    for r in ok:
-        if r.alloc.name == "glibc":
+    for r in ok:  # the C library's own malloc: glibc's, or musl's for a musl program
+        if r.alloc.name in ("glibc", "musl"):
             return r
     return ok[0] if ok else None
 

@@ -5,6 +5,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from . import libc as lc
+
 ARENA_HEAP = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit: each non-main arena heap reserves this much, aligned to it
 
 
@@ -70,8 +72,9 @@ class WhichResult:
     unreadable: bool = False  # no mappings could be read (a kernel thread, a zombie)
     # What decided: "got" (the malloc slot the process resolved, read from its memory), "loader-order" (the loader's
     # search order from the ELF files; LD_PRELOAD from /proc/PID/environ), "mappings" (the mapped files alone).
-    method: str = ""
+    method: str = ""  # or "executable": a static program's own contents (mallocng's table, Mallard's symbols)
     slot: dict | None = None  # with "got": the object, symbol, relocation, slot address, value and target file
+    libc: str | None = None  # the C library the program is built for: "glibc", "musl", or None (cannot tell)
 
 
 def _mapped_files(maps_text: str) -> list[str]:
@@ -192,6 +195,26 @@ def _m(method: str, w: WhichResult) -> WhichResult:
 
 
 _LIBC = re.compile(r"libc(-[\d.]+)?\.so")
+# How the reason names a C library's own malloc.
+_C_MALLOC = {"musl": "musl's libc, whose malloc is mallocng", "glibc": "glibc"}
+_interps: dict[str, str | None] = {}
+
+
+def libc_of(path: str, exe: str) -> str | None:
+    """'musl' or 'glibc' when the mapped file path is that C library (its malloc the C library's own), else None."""
+    if exe and exe not in _interps:
+        _interps[exe] = lc.interpreter(exe)
+    if lc.is_musl_libc_object(path, _interps.get(exe)):
+        return "musl"
+    return "glibc" if _LIBC.match(os.path.basename(path)) else None
+
+
+def _linked_reason(exe: str) -> tuple[str | None, str]:
+    """The allocator linked into an executable that defines malloc itself, and the words that say so."""
+    name, why = lc.linked_allocator(exe) if exe else (None, "")
+    if name == "mallard":
+        return name, f"the executable {exe} defines malloc itself: Mallard is linked in (libmallard.a; {why})"
+    return None, f"the executable {exe} defines malloc itself (an allocator linked in statically)"
 
 
 def _environ_preload(pid: int) -> str | None:
@@ -238,6 +261,18 @@ def resolved_slot(pid: int, maps_text: str, exe: str, files: list[str]):
 
 
 def which(pid: int) -> WhichResult:
+    w = _which(pid)
+    if not w.unreadable:
+        interp = lc.interpreter(f"/proc/{pid}/exe")
+        if interp:
+            base = os.path.basename(interp)
+            w.libc = "musl" if lc.MUSL_LOADER.match(base) else "glibc" if lc.GLIBC_LOADER.match(base) else None
+        elif w.exe:
+            w.libc = lc.examine(f"/proc/{pid}/exe").libc
+    return w
+
+
+def _which(pid: int) -> WhichResult:
     maps = _read(pid, "maps")
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
@@ -277,17 +312,19 @@ def which(pid: int) -> WhichResult:
         base.reason += f" [{where}, the mallard-tracer, which forwards to the allocator behind it]"
         return base
     if target == exe:
-        base.allocator = None
-        base.reason = (f"the executable {exe} defines malloc itself (an allocator linked in statically) [{where}]")
+        base.allocator, why = _linked_reason(exe)
+        base.reason = f"{why} [{where}]"
         return _m("got", base)
-    if name is None and _LIBC.match(os.path.basename(target)):
-        name = "glibc"
+    c_lib = libc_of(target, exe) if name is None else None
+    if c_lib:
+        name = c_lib
     needed_order, exact = search_order(exe, files, None)
     preloaded_env = {os.path.realpath(x) for x in _preload_list(preload) if "/" in x}
     preloaded = os.path.realpath(target) in preloaded_env or os.path.basename(target) in (preload or "") or \
         (exact and target not in needed_order)
-    how = f"{target} " + ("is preloaded (LD_PRELOAD), so its malloc comes first" if preloaded
-                          else "defines the first malloc in the loader's search order")
+    how = f"{target} " + (f"({_C_MALLOC[c_lib]}) " if c_lib == "musl" else "") + \
+        ("is preloaded (LD_PRELOAD), so its malloc comes first" if preloaded
+         else "defines the first malloc in the loader's search order")
     alloc_libs = [target] if allocator_name(target) not in (None, "mallard-tracer") else []
     alloc_libs += [f for f in base.libraries if f != target]
     others = [f for f in alloc_libs if f != target]
@@ -323,12 +360,13 @@ def _by_order(pid: int, maps: str, exe: str, preload: str | None, files: list[st
             if not (e and e.defines_malloc):
                 continue
             if obj == exe:
-                return _m("loader-order", WhichResult(pid, None, alloc_libs, f"the executable {exe} defines malloc "
-                                                      "itself (an allocator linked in statically)", traced, exe,
-                                                      preload))
-            if name is None and re.match(r"libc(-[\d.]+)?\.so", os.path.basename(obj)):
-                name = "glibc"
-            how = f"{obj} " + ("is preloaded (LD_PRELOAD), so its malloc comes first"
+                linked, why = _linked_reason(exe)
+                return _m("loader-order", WhichResult(pid, linked, alloc_libs, why, traced, exe, preload))
+            c_lib = libc_of(obj, exe) if name is None else None
+            if c_lib:
+                name = c_lib
+            how = f"{obj} " + (f"({_C_MALLOC[c_lib]}) " if c_lib == "musl" else "") + \
+                ("is preloaded (LD_PRELOAD), so its malloc comes first"
                                if os.path.realpath(obj) in preloaded or os.path.basename(obj) in (preload or "")
                                else "defines the first malloc in the loader's search order")
             others = [f for f in alloc_libs if f != obj]
@@ -341,17 +379,134 @@ def _by_order(pid: int, maps: str, exe: str, preload: str | None, files: list[st
     if real:
         how = f"{real[0]} is mapped (the ELF files could not be read to check the loader's order)"
         return _m("mappings", WhichResult(pid, allocator_name(real[0]), real, how, traced, exe, preload))
-    libc = [p for p in files if re.match(r"libc(-[\d.]+)?\.so", os.path.basename(p))]
+    libc = [(p, libc_of(p, exe)) for p in files if libc_of(p, exe)]
     if libc:
-        return _m("mappings", WhichResult(pid, "glibc", [], f"no other allocator library is mapped; malloc comes from "
-                                          f"{libc[0]}", traced, exe, preload))
-    # No libc mapped: a static binary (or one with another C library); the allocator is inside the executable.
+        p, c_lib = libc[0]
+        return _m("mappings", WhichResult(pid, c_lib, [], f"no other allocator library is mapped; malloc comes from "
+                                          f"{p}" + (f" ({_C_MALLOC[c_lib]})" if c_lib == "musl" else ""), traced,
+                                          exe, preload))
+    # No libc mapped: a static binary (or one with another C library); the allocator is inside the executable, and
+    # its contents may name it: musl's mallocng (its size-class table) or Mallard (libmallard.a).
+    prog = lc.examine(f"/proc/{pid}/exe") if exe else None
+    where = exe or "the executable"
+    if prog is not None and prog.static and prog.linked:
+        return _m("executable", WhichResult(pid, prog.linked, [], f"no C library is mapped: {where} is "
+                                            + _static_words(prog), traced, exe, preload))
     hint = _static_hint(pid)
     why = "cannot tell: no C library is mapped, so the program is statically linked and its allocator is built into " \
-          f"{exe or 'the executable'}"
+          f"{where}"
+    if prog is not None and prog.static and prog.libc == "musl":
+        why = (f"cannot tell: no C library is mapped: {where} is statically linked with musl "
+               f"({prog.evidence.split('; ', 1)[-1]}), but musl's malloc is not in it, so another allocator is "
+               "linked in")
     if hint:
         why += f"; the executable mentions {hint}"
     return _m("mappings", WhichResult(pid, None, [], why, traced, exe, preload))
+
+
+def _static_words(prog: lc.Program) -> str:
+    """'statically linked with musl, and musl's malloc (mallocng) is linked in: <why>' for a static program."""
+    what = ("musl's malloc (mallocng) is linked in" if prog.linked == "musl"
+            else "Mallard (libmallard.a) is linked in" if prog.linked == "mallard" else "")
+    libc_words = f"with {prog.libc}" if prog.libc else "with no C library"
+    return f"statically linked {libc_words}" + (f", and {what}: {prog.linked_why}" if what else "")
+
+
+@dataclass
+class ProgramWhich:
+    """`mallard which -- PROG`: the allocator a program file would use if started now (this environment)."""
+
+    program: str  # the file examined (after $PATH and #! lines)
+    libc: str | None
+    static: bool
+    allocator: str | None  # None: cannot tell
+    libraries: list[str]  # allocator libraries the loader would load, in its search order
+    reason: str
+    method: str  # "loader-list" (the loader's --list of the program) or "executable" (a static program's contents)
+    interpreter: str | None = None
+    ld_preload: str | None = None
+
+
+def _system_loader(prog: lc.Program) -> tuple[str | None, str]:
+    """The loader to list prog's libraries with: its interpreter when that is a system file, or why not."""
+    interp = prog.interp or ""
+    if lc.system_loader(interp):
+        return interp, ""
+    if prog.musl and lc.musl_loader():
+        return lc.musl_loader(), ""
+    return None, f"its interpreter {interp} is not a loader installed in a system folder"
+
+
+_LIST_LINE = re.compile(r"^\s*(?:(\S+) => )?(/\S*)\s+\(0x[0-9a-f]+\)\s*$")
+
+
+def which_program(name: str, env: dict | None = None) -> ProgramWhich:
+    """Which allocator the program `name` would use: from its ELF file, and the loader's list of the libraries it
+    loads (`LOADER --list PROG`, as ldd does) with LD_PRELOAD from env. Raises ProcessError when there is no such
+    program."""
+    import subprocess
+
+    env = dict(os.environ if env is None else env)
+    preload = env.get("LD_PRELOAD") or None
+    prog = lc.examine(name)
+    if prog.path is None:
+        raise ProcessError(f"no program '{name}' (not a file, nor found in $PATH)")
+    path = prog.path
+    if prog.static:
+        if prog.linked:
+            return ProgramWhich(path, prog.libc, True, prog.linked, [], f"{path} is " + _static_words(prog),
+                                "executable", ld_preload=preload)
+        why = f"cannot tell: {path} is {_static_words(prog)} ({prog.evidence.split('; ', 1)[-1]})"
+        if prog.libc == "musl":
+            why += ", but musl's malloc is not in it, so another allocator is linked in"
+        return ProgramWhich(path, prog.libc, True, None, [], why, "executable", ld_preload=preload)
+    if prog.interp is None:
+        return ProgramWhich(path, None, False, None, [], f"cannot tell: {path} is not an ELF program "
+                            f"({prog.evidence})", "loader-list", ld_preload=preload)
+    loader, why_not = _system_loader(prog)
+    if loader is None:
+        return ProgramWhich(path, prog.libc, False, None, [], f"cannot tell: {why_not}", "loader-list", prog.interp,
+                            preload)
+    how_listed = f"{loader} --list {path}"
+    try:
+        r = subprocess.run([loader, "--list", path], env=env, capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        return ProgramWhich(path, prog.libc, False, None, [], f"cannot tell: {how_listed} failed ({e})",
+                            "loader-list", prog.interp, preload)
+    files = [path]
+    for line in r.stdout.splitlines():
+        m = _LIST_LINE.match(line)
+        if m and m.group(2) not in files:
+            files.append(m.group(2))
+    if r.returncode != 0:
+        first = next((x.strip() for x in (r.stderr + r.stdout).splitlines() if "rror" in x), "")
+        return ProgramWhich(path, prog.libc, False, None, [], f"the loader cannot start it: {first or how_listed} "
+                            f"(exit status {r.returncode}) [{how_listed}]", "loader-list", prog.interp, preload)
+    order, _ = search_order(path, files, preload)
+    alloc_libs = [f for f in order if allocator_name(f) not in (None, "mallard-tracer")]
+    for obj in order:
+        e = _elf(obj)
+        if allocator_name(obj) == "mallard-tracer" or not (e and e.defines_malloc):
+            continue
+        if obj == path:
+            linked, why = _linked_reason(path)
+            return ProgramWhich(path, prog.libc, False, linked, alloc_libs, f"{why} [{how_listed}]", "loader-list",
+                                prog.interp, preload)
+        c_lib = libc_of(obj, path)
+        name_ = allocator_name(obj) or c_lib or os.path.basename(obj)
+        preloaded = any(os.path.realpath(obj) == os.path.realpath(x) or os.path.basename(obj) == x
+                        for x in _preload_list(preload))
+        how = f"{obj} " + (f"({_C_MALLOC[c_lib]}) " if c_lib == "musl" else "") + \
+            ("is preloaded (LD_PRELOAD), so its malloc comes first" if preloaded
+             else "defines the first malloc in the loader's search order")
+        others = [f for f in alloc_libs if f != obj]
+        if others:
+            how += "; also loaded, but behind it: " + ", ".join(others)
+        return ProgramWhich(path, prog.libc, False, name_, alloc_libs, f"{how} [{how_listed}]", "loader-list",
+                            prog.interp, preload)
+    return ProgramWhich(path, prog.libc, False, None, alloc_libs, f"cannot tell: no library the loader lists defines "
+                        f"malloc [{how_listed}]", "loader-list", prog.interp, preload)
 
 
 def is_kernel_thread(pid: int) -> bool:

@@ -41,9 +41,10 @@ def tracer_env(tracer: str, alloc: Allocator | None, trace_dir: str, base_env: d
 
 
 def run_traced(cmd: list[str], alloc: Allocator | None, conf: str | None = None, capture: bool = False,
-               base_env: dict | None = None) -> ProfileRun:
-    """Runs cmd with the tracer preloaded; raises TracerMissing if it is not built, OSError if cmd cannot start."""
-    tracer = tracer_path()
+               base_env: dict | None = None, tracer: str | None = None) -> ProfileRun:
+    """Runs cmd with the tracer (default: the one found for glibc programs) preloaded; raises TracerMissing if it is
+    not built, OSError if cmd cannot start."""
+    tracer = tracer or tracer_path()
     if tracer is None:
         raise TracerMissing("the tracer library libmallard-tracer.so is not built or installed: build the target "
                             "`mallard-tracer` (cmake --build build --target mallard-tracer), or point MALLARD_LIBDIR "

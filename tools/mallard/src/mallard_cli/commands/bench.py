@@ -5,10 +5,13 @@ import re
 import statistics
 from pathlib import Path
 
+from rich import box
+
 from .. import allocators as al
 from .. import bench as bn
-from ..common import (EXIT_ERROR, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table, err, get_allocator, out,
-                      parse_conf, printable, progress, shown, start_error, write_json)
+from ..common import (EXIT_ERROR, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_UNKNOWN_ALLOCATOR, EXIT_USAGE, CliError, Table,
+                      allocator_for, err, out, parse_conf, printable, progress, shown, start_error, static_refusal,
+                      target_of, write_json)
 from ..spread import clear_winner, compare
 from ..stdin import replay_source
 
@@ -36,11 +39,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    allocs = al.discover()
+    t = target_of(args.command)
     if args.allocators:
-        chosen = [get_allocator(n.strip(), allocs) for n in args.allocators.split(",") if n.strip()]
+        chosen = [allocator_for(t, n.strip()) for n in args.allocators.split(",") if n.strip()]
+    elif t.program.musl and t.program.static:
+        raise CliError(static_refusal(t, "so there is nothing to compare"), EXIT_UNKNOWN_ALLOCATOR)
     else:
-        chosen = allocs
+        chosen = t.available()
+        if t.program.musl and not any(al.is_mallard(a) for a in chosen):
+            allocator_for(t, "mallard")  # no musl build of Mallard: says how to build one
     if not chosen:
         raise CliError("-a names no allocator", EXIT_USAGE)
     if args.n < 1 or args.warmup < 0:
@@ -57,10 +64,23 @@ def run(args) -> int:
             metric = re.compile(args.metric_from_output, re.M)
         except re.error as e:
             raise CliError(f"--metric-from-output is not a valid regular expression: {e}", EXIT_USAGE) from None
+    notes, guide = [], None
+    if t.program.musl and t.program.static:
+        notes.append(f"{shown(t.name)} is {t.program.describe()}: only its own malloc can be timed (LD_PRELOAD does "
+                     "not reach a static program)")
+    elif t.program.musl:
+        notes.append(f"{shown(t.name)} is a musl program: musl's own malloc (mallocng) is the baseline, and Mallard "
+                     "runs as its musl build")
+        left = [] if args.allocators else [a.name for a in t.left_out]
+        if left:
+            notes.append("Left out: " + ", ".join(shown(n) for n in left) + " (built for glibc: they cannot be "
+                         "preloaded into a musl program)")
+        guide = ["glibc"] + left
     with replay_source(args.stdin) as stdin_path:
         return bench_and_report(args.command, chosen, args.n, args.warmup, metric, args.metric_name,
                                 args.higher_is_better, args.plot, args.json, args.timeout, conf,
-                                title=" ".join(args.command), stdin_path=stdin_path)
+                                title=" ".join(args.command), stdin_path=stdin_path, notes=notes,
+                                libc=t.program.libc, guide_dashes=guide)
 
 
 def _cell(vals: list[float], fmt: str) -> str:
@@ -74,9 +94,27 @@ def _ratio(vals: list[float], base: list[float]) -> str:
     return f"{c.ratio:.2f}x ({c.low:.2f}–{c.high:.2f})"
 
 
+def guide_table(results, dashes: list[str], libc: str):
+    """The timing table of the distribution guides (Alpaquita, Axiom): one row for the program's C library, a column
+    per allocator with its median wall time (its own malloc first, then glibc's), "-" where one cannot serve it."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    t.add_column("", style="bold", no_wrap=True)
+    cols = [(r.alloc.name, f"{statistics.median(r.values('wall_s')):.3f}" if r.runs else "FAILED") for r in results]
+    cols += [(name, "-") for name in dashes]
+    cols.sort(key=lambda c: (c[0] != libc, c[0] != "glibc"))  # stable: the rest keep their order
+    for name, _ in cols:
+        t.add_column(shown(name), justify="right", no_wrap=True)
+    t.add_row(libc, *(cell for _, cell in cols))
+    return t
+
+
 def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_path, json_path, timeout, conf,
-                     title: str, stdin_path: str | None = None, base_env: dict | None = None) -> int:
-    """Runs the comparison and prints it; returns the exit code (results in the attribute last_verdict)."""
+                     title: str, stdin_path: str | None = None, base_env: dict | None = None,
+                     notes: list[str] | None = None, libc: str | None = None,
+                     guide_dashes: list[str] | None = None) -> int:
+    """Runs the comparison and prints it; returns the exit code (results in the attribute last_verdict). notes: lines
+    (markup) printed under the table; libc: the program's C library, kept in the JSON report; guide_dashes: for a musl
+    program, the allocators that cannot serve it, shown as "-" in the distribution guides' one-row table."""
     for p in (plot_path, json_path):
         if p:
             try:
@@ -124,6 +162,11 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
     if base is not None:
         out.print(f"Ratios are to {shown(base.alloc.name)} (lower is better" +
                   (f"; for {shown(metric_name)} higher is better)" if metric is not None and higher else ")"))
+    if guide_dashes is not None and ok:
+        out.print("As in the distribution guides' table (median wall time in s; -: cannot serve this program):")
+        out.print(guide_table(results, guide_dashes, libc or "musl"))
+    for line in notes or []:
+        out.print(line, soft_wrap=True)
     verdict = {}
     if len(ok) >= 1:
         what = metric_name if metric is not None else "wall time"
@@ -148,6 +191,8 @@ def bench_and_report(cmd, chosen, n, warmup, metric, metric_name, higher, plot_p
     if json_path:
         data = bn.to_json([printable(c) for c in cmd], results, n, warmup, metric.pattern if metric else None)
         data["verdict"] = verdict
+        if libc is not None:
+            data["libc"] = libc
         write_json(json_path, data)
         out.print(f"Raw results: {shown(json_path)}")
     if plot_path and any(r.runs for r in results):

@@ -13,8 +13,8 @@ import sys
 import tempfile
 
 from .. import allocators as al
-from ..common import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Table, check_conf, err, get_allocator, out,
-                      parse_conf, printable, shown, start_error)
+from ..common import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, Table, allocator_for, check_conf, err, out,
+                      parse_conf, printable, shown, start_error, target_of)
 from ..heapprof import flame as fl
 from ..heapprof.pprof import Profile, ProfileError, load
 from ..heapprof.sites import BY, Analysis, analyse, diff
@@ -289,7 +289,7 @@ def collected(tmp: str, pid: int) -> tuple[str | None, bool, list[str]]:
 
 
 def profile_program(args) -> int:
-    a = get_allocator(args.allocator)
+    a = allocator_for(target_of(args.command), args.allocator)  # musl programs: Mallard's musl build
     if not al.is_mallard(a):
         raise CliError(f"heap: profiling is Mallard's (-a mallard); {a.name} has no heap profiler that this command "
                        "reads", EXIT_USAGE)
@@ -328,7 +328,7 @@ def profile_program(args) -> int:
                           f"{shown(exit_text(rc))} before it could write one (the final dump is written at exit; "
                           "prof_interval or prof_signal dump while it runs: see docs/PROFILING.md)")
                 return status
-            if not has_profiler(a.path):
+            if a.path and not has_profiler(a.path):  # no path: Mallard linked into a static program
                 raise CliError(f"heap: no profile was written: the Mallard library {printable(a.path or '')} has no "
                                "heap profiler (no 'prof' option); build a version that has one", EXIT_ERROR)
             raise CliError(f"heap: no profile was written ({exit_text(rc)}): the program may be statically linked or "

@@ -9,8 +9,9 @@ import tempfile
 from .. import allocators as al
 from .. import procinfo as pi
 from .. import profile as pf
-from ..common import (EXIT_ERROR, EXIT_NOT_BUILT, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, Table, alloc_opt,
-                      check_conf, get_allocator, out, parse_conf, printable, progress, shown, start_error, write_json)
+from ..common import (EXIT_ERROR, EXIT_OK, EXIT_PROGRAM_FAILED, CliError, Table, alloc_opt, allocator_for,
+                      check_conf, out, parse_conf, printable, progress, shown, start_error, target_of, tracer_for,
+                      write_json)
 from ..measure import exit_text, run_measured
 from ..spread import compare
 
@@ -46,18 +47,18 @@ def fmt_size(n: int) -> str:
 def run(args) -> int:
     if args.top < 1 or args.n < 1:
         raise CliError("--top and -n must be at least 1", 2)
-    a = get_allocator(args.allocator) if args.allocator else None
+    t = target_of(args.command)  # a musl program: the tracer's and Mallard's musl builds
+    a = allocator_for(t, args.allocator) if args.allocator else None
     conf = parse_conf(args.conf)
     if a is not None:
         check_conf(a, conf)
     elif conf is not None:
         raise CliError("--conf needs -a mallard (or another Mallard variant): it sets MALLARD_CONF", 2)
+    tracer = tracer_for(t)
     if args.overhead:
-        return overhead(args, a, conf)
+        return overhead(args, a, conf, tracer)
     try:
-        prun = pf.run_traced(args.command, a, conf)
-    except pf.TracerMissing as e:
-        raise CliError(str(e), EXIT_NOT_BUILT) from None
+        prun = pf.run_traced(args.command, a, conf, tracer=tracer)
     except OSError as e:
         raise start_error(args.command, e) from None
     if not prun.records:
@@ -149,13 +150,10 @@ def print_profile(s: dict, v: list[str], prun: pf.ProfileRun, args) -> None:
         w(f"  • {shown(line)}")
 
 
-def overhead(args, a: al.Allocator | None, conf: str | None) -> int:
+def overhead(args, a: al.Allocator | None, conf: str | None, tracer: str) -> int:
     """Runs the program with and without the tracer, interleaved, and reports the medians and their spread."""
     from ..stdin import replay_source
 
-    tracer = al.tracer_path()
-    if tracer is None:
-        raise CliError("the tracer library libmallard-tracer.so is not built or installed", EXIT_NOT_BUILT)
     base = al.preload_env(a, conf=conf) if a else dict(os.environ)
     plain, traced = [], []
     with replay_source(args.stdin) as stdin_path, progress() as prog:

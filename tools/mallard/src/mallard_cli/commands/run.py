@@ -5,8 +5,8 @@ import os
 import sys
 
 from .. import allocators as al
-from ..common import (EXIT_ERROR, alloc_opt, check_conf, default_allocator, err, get_allocator, parse_conf, shown,
-                      start_error)
+from ..common import (EXIT_ERROR, alloc_opt, allocator_for, check_conf, default_allocator, err, parse_conf, shown,
+                      start_error, target_of)
 
 NAME = "run"
 NEEDS_COMMAND = True
@@ -20,13 +20,15 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    default_allocator(args)
-    a = get_allocator(args.allocator)
+    t = target_of(args.command)  # a musl program gets musl builds only, and Mallard's without -a
+    if not t.program.musl:
+        default_allocator(args, t.available())
+    a = allocator_for(t, args.allocator)
     conf = parse_conf(args.conf)
     check_conf(a, conf)
     env = al.preload_env(a, conf=conf)
     if args.verbose:
-        err.print(f"mallard: running with {a.name} ({shown(a.path or 'glibc built-in')})")
+        err.print(f"mallard: running with {a.name} ({shown(a.path or a.name + ' built-in')})")
     sys.stdout.flush()
     sys.stderr.flush()
     try:

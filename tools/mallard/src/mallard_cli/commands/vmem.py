@@ -11,8 +11,8 @@ import time
 
 from .. import allocators as al
 from .. import procinfo as pi
-from ..common import (EXIT_BAD_PID, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table,
-                      alloc_opt, check_conf, get_allocator, out, parse_conf, printable, shown, start_error, write_json)
+from ..common import (EXIT_BAD_PID, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table, alloc_opt,
+                      allocator_for, check_conf, out, parse_conf, printable, shown, start_error, target_of, write_json)
 from ..measure import exit_text
 
 NAME = "vmem"
@@ -24,7 +24,7 @@ def register(sub) -> None:
                        usage="mallard vmem [options] PID  |  mallard vmem [-a NAME] [--ready REGEX | --delay S] "
                              "[options] -- CMD [ARGS...]")
     s.add_argument("pid", metavar="PID", nargs="?")
-    alloc_opt(s, "glibc")
+    alloc_opt(s, default_text="the program's own malloc: glibc's, or musl's for a musl program")
     s.add_argument("--delay", type=float, default=1.0, help="with a command: seconds before sampling (default 1)")
     s.add_argument("--ready", metavar="REGEX", help="with a command: sample once it prints a matching line")
     s.add_argument("--timeout", type=float, default=30.0, help="with --ready: seconds to wait (default 30)")
@@ -53,7 +53,7 @@ def run(args) -> int:
 
 
 def of_command(args) -> int:
-    a = get_allocator(args.allocator)
+    a = allocator_for(target_of(args.command), args.allocator or "default")  # musl programs: musl builds only
     conf = parse_conf(args.conf)
     check_conf(a, conf)
     env = al.preload_env(a, conf=conf)
