@@ -17,12 +17,13 @@ static void heap_destructor(void *arg) {
   mld_heap_abandon(h);
 }
 
-/* Lock order: heaps (the exit heap, then the list of heaps), purge, arena creation, arenas by index, huge cache,
- * metadata, guarded pool (a leaf: its holder takes no other allocator lock). Heaps before purge: a sweep holds the
- * exit heap's lock while the pages it frees notify the purging thread (bg_lock); purge before arenas: that thread
- * holds bg_lock while it reads the arenas' deadlines. Heaps before arena creation: the exit heap's first page may
- * create arena 0. */
+/* Lock order: the purging thread's creation (first: it allocates with that lock held), heaps (the exit heap, then
+ * the list of heaps), purge, arena creation, arenas by index, huge cache, metadata, guarded pool (a leaf: its holder
+ * takes no other allocator lock). Heaps before purge: a sweep holds the exit heap's lock while the pages it frees
+ * notify the purging thread (bg_lock); purge before arenas: that thread holds bg_lock while it reads the arenas'
+ * deadlines. Heaps before arena creation: the exit heap's first page may create arena 0. */
 static void fork_prepare(void) {
+  mld_purge_create_lock();
   mld_heaps_lock();
   mld_purge_fork_prepare();
   mld_arenas_fork_prepare();
@@ -42,6 +43,7 @@ static void fork_parent(void) {
   mld_arenas_fork_parent();
   mld_purge_fork_parent();
   mld_heaps_unlock();
+  mld_purge_create_unlock();
 }
 
 static void fork_child(void) {

@@ -38,6 +38,14 @@ static _Atomic(int) bg_idle;              /* the thread waits without a deadline
 static _Atomic(int) bg_pending;           /* dirty memory appeared since the thread last looked */
 static _Atomic(uint64_t) bg_wakeups;
 static _Atomic(int) bg_suspended;         /* set around fork(): no thread is started from the fork handlers */
+/* Set in a fork child until the program starts a thread there: the child's allocations start no purging thread
+ * (see mld_purge_fork_child). bg_fork_thread: the thread that forked, the child's only thread at first. */
+static _Atomic(int) bg_forked;
+static pthread_t bg_fork_thread;
+/* Held while the purging thread is being created, and taken first by the fork handlers (init.c): no fork happens in
+ * the middle of a creation (under qemu-user that leaves qemu's own thread-creation lock held in the child for ever:
+ * docs/PLATFORMS.md). The creation allocates (the thread's TLS) with it held, so it comes before every other lock. */
+static pthread_mutex_t bg_create_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool bg_enabled(void) { return mld_opt.background_thread && mld_opt.dirty_decay_ms > 0; }
 
@@ -121,7 +129,8 @@ static int bg_create(pthread_t *t, size_t stack_size) { return mld_thread_start(
 /* Allocation slow paths, at their end, no lock held: start the purging thread once it is worth having. */
 void mld_purge_thread_maybe_start(void) {
   if (likely(atomic_load_explicit(&bg_started, memory_order_relaxed) != 0)) return;
-  if (!bg_enabled() || atomic_load(&bg_suspended) || atomic_load(&mld_initialized) != 2) return;
+  if (!bg_enabled() || atomic_load(&bg_suspended) || atomic_load(&bg_forked) || atomic_load(&mld_initialized) != 2)
+    return;
   if (atomic_load_explicit(&mld_mapped_bytes, memory_order_relaxed) < BG_START_BYTES && !atomic_load(&bg_pending)) return;
   uint64_t retry = atomic_load_explicit(&bg_retry_ms, memory_order_relaxed);
   if (retry && mld_now_ms() < retry) return;
@@ -132,8 +141,10 @@ void mld_purge_thread_maybe_start(void) {
   mld_self_alloc = true;                  /* the thread's TLS is Mallard's, not the program's: never sampled */
   /* A small stack first (the thread needs little); glibc carves the program's static TLS out of it, so a
    * program with much static TLS gets EINVAL: then the default size. */
+  pthread_mutex_lock(&bg_create_lock);
   int rc = bg_create(&t, 64 * 1024);
   if (rc != 0) rc = bg_create(&t, 0);
+  pthread_mutex_unlock(&bg_create_lock);
   mld_self_alloc = was_self;
   if (rc == 0) {
     pthread_setname_np(t, "mallard-purge");
@@ -143,13 +154,31 @@ void mld_purge_thread_maybe_start(void) {
   atomic_store(&bg_started, 0);
 }
 
+/* A heap was made for the calling thread (heap.c): in a fork child, a thread other than the forking one means the
+ * program runs threads there itself, and the purging thread may start again. */
+void mld_purge_new_heap(void) {
+  if (unlikely(atomic_load_explicit(&bg_forked, memory_order_relaxed)) && !pthread_equal(pthread_self(), bg_fork_thread))
+    atomic_store(&bg_forked, 0);
+}
+
 bool mld_purge_thread_running(void) { return atomic_load(&bg_started) == 1; }
 uint64_t mld_purge_thread_wakeups(void) { return atomic_load(&bg_wakeups); }
 
+void mld_purge_create_lock(void) { pthread_mutex_lock(&bg_create_lock); }
+void mld_purge_create_unlock(void) { pthread_mutex_unlock(&bg_create_lock); }
 void mld_purge_fork_prepare(void) { atomic_store(&bg_suspended, 1); pthread_mutex_lock(&bg_lock); }
 void mld_purge_fork_parent(void) { pthread_mutex_unlock(&bg_lock); atomic_store(&bg_suspended, 0); }
+/* The thread does not exist in the child, and none is started for it while the forking thread is the child's only
+ * one: a program may call only async-signal-safe functions in the child of a threaded parent, so Mallard does not
+ * make the child threaded behind its back (jemalloc disables its background threads in a child too). Under
+ * qemu-user it would hang: qemu's own clone lock, held by another parent thread that was starting or ending at
+ * the fork, stays held in the child, and the child's first thread creation waits on it for ever. Until then the
+ * child purges as with background_thread:false (on its allocation and free paths); once the program starts a
+ * thread of its own there (mld_purge_new_heap), the purging thread may start as in any process. */
 void mld_purge_fork_child(void) {
-  /* The thread does not exist in the child: start afresh when dirty memory appears there. */
+  bg_fork_thread = pthread_self();
+  atomic_store(&bg_forked, 1);
+  pthread_mutex_init(&bg_create_lock, NULL);
   pthread_mutex_init(&bg_lock, NULL);
   mld_purge_init();   /* the parent's thread may have been waiting on it: the child's copy counts a phantom waiter */
   if (atomic_load(&bg_started) == 1) atomic_store(&bg_started, 0);

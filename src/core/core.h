@@ -384,9 +384,12 @@ MLD_HIDDEN size_t mld_collect(bool force);                        /* heap, sweep
 MLD_HIDDEN void mld_dirty_notify(void);
 MLD_HIDDEN void mld_purge_thread_maybe_start(void);                /* allocation slow paths only: see background.c */
 MLD_HIDDEN void mld_purge_init(void);
+MLD_HIDDEN void mld_purge_create_lock(void);                       /* fork handlers: before every other lock */
+MLD_HIDDEN void mld_purge_create_unlock(void);
 MLD_HIDDEN void mld_purge_fork_prepare(void);
 MLD_HIDDEN void mld_purge_fork_parent(void);
 MLD_HIDDEN void mld_purge_fork_child(void);
+MLD_HIDDEN void mld_purge_new_heap(void);                          /* heap.c: a heap was made for the calling thread */
 
 /* outbox.c */
 MLD_HIDDEN void mld_outbox_add(heap_t *h, page_t *pg, block_t *b);

@@ -135,6 +135,7 @@ heap_t *mld_heap_get(void) {
   pthread_mutex_unlock(&mld_heaps_mutex);
   mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
   pthread_setspecific(mld_heap_key, h);
+  mld_purge_new_heap();                   /* a fork child's own new thread allows the purging thread again */
   return h;
 }
 

@@ -291,6 +291,13 @@ static void *thread_main(void *arg) {
 
 /* ---- side threads, running while the workers do ---- */
 static _Atomic(int) side_stop;
+/* MALLARD_TEST_QEMU set (scripts/test-aarch64.sh): no fork while a side thread creates or joins a thread. qemu-user
+ * holds a lock of its own while a thread starts or ends, and a fork then leaves it held in the child for ever (the
+ * child's thread creation hangs, whatever the malloc): docs/PLATFORMS.md. */
+static bool spawn_serialized;
+static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+static void spawn_begin(void) { if (spawn_serialized) pthread_mutex_lock(&spawn_lock); }
+static void spawn_end(void) { if (spawn_serialized) pthread_mutex_unlock(&spawn_lock); }
 
 /* mallard_collect (and malloc_trim where malloc is Mallard's) from a thread of its own. */
 static void *collector(void *arg) {
@@ -330,6 +337,7 @@ static void *forker(void *arg) {
   (void)arg;
   for (unsigned i = 0; !atomic_load(&side_stop) && i < 40; i++) {
     int before = atomic_load(&mt_failures);
+    spawn_begin();
     pid_t pid = fork();
     if (pid == 0) {
       small_life(i);
@@ -338,6 +346,7 @@ static void *forker(void *arg) {
       else CHECK(0, "pthread_create in a forked child failed");
       _exit(atomic_load(&mt_failures) != before ? 1 : 0);
     }
+    spawn_end();
     REQUIRE(pid > 0, "fork: %s", strerror(errno));
     int st = 0;
     waitpid(pid, &st, 0);
@@ -361,10 +370,12 @@ static void *stack_spawner(void *arg) {
     pthread_attr_init(&at);
     REQUIRE(pthread_attr_setstack(&at, stack, STACK) == 0, "pthread_attr_setstack");
     pthread_t t;
+    spawn_begin();
     int rc = pthread_create(&t, &at, stack_thread, (void *)(uintptr_t)i);
     pthread_attr_destroy(&at);
     REQUIRE(rc == 0, "pthread_create on a user stack: %d", rc);
     pthread_join(t, NULL);   /* the stack is reused by the next one only after the join */
+    spawn_end();
     atomic_fetch_add(&nops[OP_STACK_THREAD], 1);
   }
   munmap(stack, STACK);
@@ -403,8 +414,10 @@ static void *tls_spawner(void *arg) {
   (void)arg;
   for (unsigned i = 0; !atomic_load(&side_stop) && i < 200; i++) {
     pthread_t t;
+    spawn_begin();
     REQUIRE(pthread_create(&t, NULL, tls_thread, NULL) == 0, "pthread_create");
     pthread_join(t, NULL);
+    spawn_end();
   }
   return NULL;
 }
@@ -416,6 +429,7 @@ int main(int argc, char **argv) {
   printf("test_model (%s): seed %" PRIu64 " (replay: %s %" PRIu64 ", or MALLARD_TEST_SEED=%" PRIu64 ")\n", MT_MODE,
          seed, argv[0], seed, seed);
   fflush(stdout);
+  spawn_serialized = getenv("MALLARD_TEST_QEMU") != NULL;
   double t0 = mt_now();
   pthread_t t[NTHREADS], side[4];
   int nside = 0;
