@@ -61,6 +61,10 @@ done
 # ones with libmallard.so preloaded (scripts/test-musl.sh). ----
 echo "== musl: static and dynamic suites (scripts/test-musl.sh)"
 bash scripts/test-musl.sh || status=1
+# ---- aarch64 (docs/PLATFORMS.md): cross-built with gcc-aarch64-linux-gnu, the C suite under qemu-user at 4 KiB and
+# at 16 and 64 KiB pages (scripts/test-aarch64.sh). ----
+echo "== aarch64 under qemu-user (scripts/test-aarch64.sh)"
+bash scripts/test-aarch64.sh || status=1
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
 # ---- Rust crates (bindings/rust, issue 9): cargo test of both variants, then cargo package (no publishing) ----

@@ -224,7 +224,11 @@ static segment_t *segment_new(arena_t *a, unsigned use) {
   mld_os_name(seg, MLD_SEGMENT_SIZE, "mallard");
 #ifdef MALLARD_SECURE
   /* Metadata lives apart from user data: the tail of the metadata slots is a guard between them. */
-  mld_os_protect((uint8_t *)seg + MLD_GUARD_OFFSET, MLD_FIRST_SLOT * MLD_SLOT_SIZE - MLD_GUARD_OFFSET, false);
+  /* From the first page boundary on (48 KiB at 4 and 16 KiB pages; none at 64 KiB, where the bitmaps' page is the
+   * slot's last: docs/DESIGN.md "Page size"). */
+  size_t guard = (MLD_GUARD_OFFSET + mld_os_page() - 1) & ~(mld_os_page() - 1);
+  if (guard < MLD_FIRST_SLOT * MLD_SLOT_SIZE)
+    mld_os_protect((uint8_t *)seg + guard, MLD_FIRST_SLOT * MLD_SLOT_SIZE - guard, false);
 #endif
   seg->kind = SEG_NORMAL;
   seg->use = use;

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +46,18 @@ static void *map_raw(void *hint, size_t size, int extra_flags) {
 }
 
 static void *map_aligned(size_t size, size_t align, uintptr_t hint);
+
+#ifdef MALLARD_TEST_PAGE_SIZE
+/* Test builds: every range the allocator protects, purges or unmaps is whole pages of the page in force. A 4 KiB
+ * kernel (or qemu, even with -p) accepts 4 KiB-aligned ranges that a 16 or 64 KiB kernel refuses with EINVAL. */
+static void check_pages(const char *what, const void *p, size_t size) {
+  size_t m = mld_os_page() - 1;
+  if (((uintptr_t)p & m) || (size & m))
+    mld_fatal("mallard: %s(%p, %zu) is not whole pages of %zu bytes\n", what, p, size, m + 1);
+}
+#else
+#define check_pages(what, p, size) ((void)0)
+#endif
 
 /* Every mapping lies below 2^MLD_ADDR_BITS, where the ownership map covers it: one the kernel places higher (it
  * does so only when asked, with a hint above 2^48 on aarch64 or 2^47 on x86-64) is given back, a clean failure
@@ -96,11 +109,13 @@ static void *map_aligned(size_t size, size_t align, uintptr_t hint) {
 
 void mld_os_unmap(void *p, size_t size) {
   if (!p || !size) return;
+  check_pages("munmap", p, 0);   /* the address only: a mapping's own length is fine */
   munmap(p, size);
   atomic_fetch_sub(&mld_mapped_bytes, size);
 }
 
 bool mld_os_purge(void *p, size_t size) {
+  check_pages("madvise", p, size);
   /* MADV_DONTNEED: RSS drops at once and the pages read back as zero. On failure nothing is known to be zero. */
   return madvise(p, size, MADV_DONTNEED) == 0;
 }
@@ -190,21 +205,46 @@ uint64_t mld_realtime_ns(void) {
 
 /* ---- plain mappings: not counted in mld_mapped_bytes (their owners count them) ---- */
 void *mld_os_map_plain(size_t size, bool accessible) {
-  void *p = mmap(NULL, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | (accessible ? 0 : MAP_NORESERVE), -1, 0);
+  int prot = accessible ? PROT_READ | PROT_WRITE : PROT_NONE;
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | (accessible ? 0 : MAP_NORESERVE);
+#ifdef MALLARD_TEST_PAGE_SIZE
+  /* A test build's page may be larger than the kernel's: start on one, as the kernel of that page size would. */
+  size_t page = mld_os_page(), k = atomic_load_explicit(&kernel_page, memory_order_relaxed);
+  if (page > k && size <= SIZE_MAX - page) {
+    uint8_t *raw = mmap(NULL, size + page - k, prot, flags, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + page - 1) & ~(uintptr_t)(page - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)((raw + size + page - k) - (p + size));
+    if (tail) munmap(p + size, tail);
+    return p;
+  }
+#endif
+  void *p = mmap(NULL, size, prot, flags, -1, 0);
   return p == MAP_FAILED ? NULL : p;
 }
 
 void mld_os_unmap_plain(void *p, size_t size) {
+  if (p && size) check_pages("munmap", p, 0);   /* the address only: a mapping's own length is fine */
   if (p && size) munmap(p, size);
 }
 
 void *mld_os_remap_plain(void *p, size_t old_size, size_t new_size) {
+#ifdef MALLARD_TEST_PAGE_SIZE
+  if (mld_os_page() > atomic_load_explicit(&kernel_page, memory_order_relaxed)) {   /* mremap may land off the page */
+    void *q = mld_os_map_plain(new_size, true);   /* plain mappings that move are the accessible tables */
+    if (!q) return NULL;
+    memcpy(q, p, old_size < new_size ? old_size : new_size);
+    mld_os_unmap_plain(p, old_size);
+    return q;
+  }
+#endif
   void *q = mremap(p, old_size, new_size, MREMAP_MAYMOVE);
   return q == MAP_FAILED ? NULL : q;
 }
 
 bool mld_os_protect(void *p, size_t size, bool accessible) {
+  check_pages("mprotect", p, size);
   return mprotect(p, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) == 0;
 }
 

@@ -80,6 +80,11 @@ def test_secure_detects(misuse):
 @pytest.mark.parametrize("misuse", ["metadata-guard", "huge-guard"])
 def test_secure_guard_pages(misuse):
     r = run(SECURE, misuse)
+    if misuse == "metadata-guard" and os_page(SECURE) == 65536:
+        # At 64 KiB pages the bitmaps end inside the metadata's last page: no page is left for the guard
+        # (docs/DESIGN.md "Page size"), and the read lands in the first data slot's own memory.
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        return
     assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
 
 
