@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/wait.h>
 #include "mallard.h"
 
 /* Failures are counted (atomically: worker threads check too) and reported; main returns mt_result(). */
@@ -130,6 +131,31 @@ static inline long mt_status_kb(const char *field) {
   const char *p = strstr(buf, field);
   if (!p) return -1;
   return strtol(p + strlen(field), NULL, 10);
+}
+
+/* Runs the program `self` again with the NAME=VALUE settings of env (NULL-terminated) added to its environment,
+ * its stderr captured into buf (cap bytes, NUL-terminated); returns its wait status, or -1 (no pipe or fork). */
+static inline int mt_rerun(const char *self, const char *const *env, char *buf, size_t cap) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    close(fds[0]);
+    for (; *env; env++) putenv((char *)*env);
+    execl(self, self, (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  size_t len = 0;
+  ssize_t r;
+  while (len < cap - 1 && (r = read(fds[0], buf + len, cap - 1 - len)) > 0) len += (size_t)r;
+  buf[len] = 0;
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return st;
 }
 
 /* The page size the allocator must use: the kernel's, or a MALLARD_TEST_PAGE_SIZE build's when larger. */

@@ -39,27 +39,10 @@ static const char *init_line(const char *buf, const char *name) {
 /* Re-runs this program with LD_DEBUG=files: ld.so must have called the early library's constructor before
  * libmallard.so's. */
 static void check_init_order(const char *self) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0, "pipe");
-  pid_t pid = fork();
-  REQUIRE(pid >= 0, "fork");
-  if (pid == 0) {
-    dup2(fds[1], 2);
-    close(fds[0]);
-    setenv("LD_DEBUG", "files", 1);
-    setenv("MT_FIRST_CALL_CHILD", "1", 1);
-    execl(self, self, (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
   static char buf[1 << 16];
-  size_t n = 0;
-  ssize_t r;
-  while (n < sizeof buf - 1 && (r = read(fds[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
-  buf[n] = 0;
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
+  const char *env[] = { "LD_DEBUG=files", "MT_FIRST_CALL_CHILD=1", NULL };
+  int st = mt_rerun(self, env, buf, sizeof buf);
+  REQUIRE(st >= 0, "pipe or fork failed");
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the re-run failed (status %d): %s", st, buf);
   const char *early = init_line(buf, "first_call_early"), *mallard = init_line(buf, "/libmallard.so");
   CHECK(early && mallard, "ld.so's trace lacks a constructor call (early %d, libmallard %d):\n%s", early != NULL,

@@ -114,27 +114,10 @@ int main(int argc, char **argv) {
     sink += (uintptr_t)p;
     return 0;
   }
-  int fds[2];
-  REQUIRE(pipe(fds) == 0, "pipe");
-  pid_t pid = fork();
-  REQUIRE(pid >= 0, "fork");
-  if (pid == 0) {
-    dup2(fds[1], 2);
-    close(fds[0]);
-    setenv("MT_PROF_STACKS_CHILD", "1", 1);
-    setenv("MALLARD_CONF", "prof:true,prof_sample:1,prof_leak:true", 1);
-    execl(argv[0], argv[0], (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
   static char buf[1 << 16];
-  size_t len = 0;
-  ssize_t r;
-  while (len < sizeof buf - 1 && (r = read(fds[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
-  buf[len] = 0;
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
+  const char *env[] = { "MT_PROF_STACKS_CHILD=1", "MALLARD_CONF=prof:true,prof_sample:1,prof_leak:true", NULL };
+  int st = mt_rerun(argv[0], env, buf, sizeof buf);
+  REQUIRE(st >= 0, "pipe or fork failed");
   REQUIRE(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed (status %d): %s", st, buf);
   /* The report's first site line (the largest): "  ~N bytes in ~M blocks: stack_f3+0x.. < stack_f2+0x.. < ..." */
   const char *site = strstr(buf, "blocks: ");
