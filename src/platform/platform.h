@@ -175,10 +175,11 @@ static inline uint32_t mld_dec_release_u32(uint32_t *x) {
 #endif
 }
 /* A full barrier right after an atomic read-modify-write (a later load may not be satisfied before the RMW is
- * visible): on x86-64 every locked RMW is one already, so only the compiler is held back; elsewhere (aarch64: casl,
- * ldsetl, swpal are not) and under ThreadSanitizer, a seq_cst fence. */
+ * visible): on x86-64 every locked RMW is one already, so only the compiler is held back (ThreadSanitizer builds
+ * too: it models no fences, and gcc refuses atomic_thread_fence there); elsewhere (aarch64: casl, ldsetl, swpal are
+ * not full barriers) a seq_cst fence. */
 static inline void mld_fence_after_rmw(void) {
-#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
+#if defined(__x86_64__)
   atomic_signal_fence(memory_order_seq_cst);
 #else
   atomic_thread_fence(memory_order_seq_cst);
