@@ -47,6 +47,20 @@ static void *map_raw(void *hint, size_t size, int extra_flags) {
 
 static void *map_aligned(size_t size, size_t align, uintptr_t hint);
 
+/* size bytes at an `align`ed address (align > the kernel's page): mapped with the slack mmap's own alignment leaves,
+ * then trimmed at both ends. NULL: no memory, or size + align wraps. */
+static uint8_t *map_trimmed(size_t size, size_t align, int prot, int flags) {
+  if (size + align < size) return NULL;
+  size_t over = size + align - atomic_load_explicit(&kernel_page, memory_order_relaxed);   /* mmap's own alignment */
+  uint8_t *raw = mmap(NULL, over, prot, flags, -1, 0);
+  if (raw == MAP_FAILED) return NULL;
+  uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+  if (aligned > raw) munmap(raw, (size_t)(aligned - raw));
+  size_t tail = (size_t)((raw + over) - (aligned + size));
+  if (tail) munmap(aligned + size, tail);
+  return aligned;
+}
+
 #ifdef MALLARD_TEST_PAGE_SIZE
 /* Test builds: every range the allocator protects, purges or unmaps is whole pages of the page in force. A 4 KiB
  * kernel (or qemu, even with -p) accepts 4 KiB-aligned ranges that a 16 or 64 KiB kernel refuses with EINVAL. */
@@ -94,14 +108,8 @@ static void *map_aligned(size_t size, size_t align, uintptr_t hint) {
     }
     if (p) munmap(p, size);   /* old kernels ignore the flag and may place it elsewhere */
   }
-  if (size + align < size) return NULL;
-  size_t over = size + align - atomic_load_explicit(&kernel_page, memory_order_relaxed);   /* mmap's own alignment */
-  uint8_t *raw = map_raw(NULL, over, 0);
-  if (!raw) return NULL;
-  uint8_t *aligned = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
-  if (aligned > raw) munmap(raw, (size_t)(aligned - raw));
-  size_t tail = (size_t)((raw + over) - (aligned + size));
-  if (tail) munmap(aligned + size, tail);
+  uint8_t *aligned = map_trimmed(size, align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
+  if (!aligned) return NULL;
   atomic_store_explicit(&next_hint, (uintptr_t)aligned, memory_order_relaxed);
   atomic_fetch_add(&mld_mapped_bytes, size);
   return aligned;
@@ -209,16 +217,8 @@ void *mld_os_map_plain(size_t size, bool accessible) {
   int flags = MAP_PRIVATE | MAP_ANONYMOUS | (accessible ? 0 : MAP_NORESERVE);
 #ifdef MALLARD_TEST_PAGE_SIZE
   /* A test build's page may be larger than the kernel's: start on one, as the kernel of that page size would. */
-  size_t page = mld_os_page(), k = atomic_load_explicit(&kernel_page, memory_order_relaxed);
-  if (page > k && size <= SIZE_MAX - page) {
-    uint8_t *raw = mmap(NULL, size + page - k, prot, flags, -1, 0);
-    if (raw == MAP_FAILED) return NULL;
-    uint8_t *p = (uint8_t *)(((uintptr_t)raw + page - 1) & ~(uintptr_t)(page - 1));
-    if (p > raw) munmap(raw, (size_t)(p - raw));
-    size_t tail = (size_t)((raw + size + page - k) - (p + size));
-    if (tail) munmap(p + size, tail);
-    return p;
-  }
+  size_t page = mld_os_page();
+  if (page > atomic_load_explicit(&kernel_page, memory_order_relaxed)) return map_trimmed(size, page, prot, flags);
 #endif
   void *p = mmap(NULL, size, prot, flags, -1, 0);
   return p == MAP_FAILED ? NULL : p;
