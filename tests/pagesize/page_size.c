@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "mtest.h"
 #if !defined(__GLIBC__)   /* musl has no pvalloc: Mallard's, linked in or exported by the preloaded library */
 #ifdef PAGE_SIZE_LINKED
 void *pvalloc(size_t size);
@@ -19,10 +20,6 @@ void *pvalloc(size_t size);
 typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
 typedef void (*stats_fn)(void (*)(void *, const char *), void *, const char *);
 
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-                                       fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
-
 static char json[1 << 16];
 static size_t json_len;
 static void collect(void *opaque, const char *text) {
@@ -31,20 +28,11 @@ static void collect(void *opaque, const char *text) {
   if (json_len + n < sizeof json) { memcpy(json + json_len, text, n); json_len += n; }
 }
 
-/* The page the allocator must use: the kernel's, or the test build's when larger. */
-static size_t expected_page(void) {
-  size_t k = (size_t)sysconf(_SC_PAGESIZE);
-#ifdef MALLARD_TEST_PAGE_SIZE
-  if ((size_t)MALLARD_TEST_PAGE_SIZE > k) return MALLARD_TEST_PAGE_SIZE;
-#endif
-  return k;
-}
-
 /* An opaque call: the compiler may not drop a malloc/free pair it can see. */
 static void *volatile sink;
 
 int main(void) {
-  size_t page = expected_page();
+  size_t page = mt_page();   /* the kernel's, or the test build's when larger */
 #ifdef PAGE_SIZE_LINKED   /* libmallard.a: referenced, so linked in */
   extern int mallctl(const char *, void *, size_t *, void *, size_t);
   extern void mallard_stats_print(void (*)(void *, const char *), void *, const char *);
@@ -91,6 +79,5 @@ int main(void) {
     free(p);
   }
   printf("page %zu: after one small allocation, mapped by mallard %llu KiB, VmSize %llu KiB\n", page, mapped >> 10, vm);
-  if (failures) { fprintf(stderr, "page_size: %d check(s) failed\n", failures); return 1; }
-  return 0;
+  return mt_result("page_size");
 }
