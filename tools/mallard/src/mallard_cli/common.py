@@ -46,6 +46,17 @@ class CliError(Exception):
         self.code = code
 
 
+def wants_command(args, cmd: str, noun: str, example: str = "") -> bool:
+    """True when a program follows `--`, False when a PID was given; a usage error for both or neither."""
+    if args.command:
+        if args.pid:
+            raise CliError(f"{cmd} takes a PID or a {noun} after --, not both", EXIT_USAGE)
+        return True
+    if not args.pid:
+        raise CliError(f"{cmd} needs a PID or a {noun} after --{example}", EXIT_USAGE)
+    return False
+
+
 def write_json(path: str, data) -> None:
     """Write a report as indented JSON; a file that cannot be written is a one-line error."""
     try:

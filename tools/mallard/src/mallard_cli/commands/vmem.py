@@ -11,7 +11,7 @@ import time
 
 from .. import allocators as al
 from .. import procinfo as pi
-from ..common import (EXIT_BAD_PID, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table, alloc_opt,
+from ..common import (wants_command, EXIT_BAD_PID, EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_USAGE, CliError, Table, alloc_opt,
                       allocator_for, check_conf, out, parse_conf, printable, shown, start_error, target_of, write_json)
 from ..measure import exit_text
 
@@ -37,12 +37,8 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.top < 1:
         raise CliError("--top must be at least 1", EXIT_USAGE)
-    if args.command:
-        if args.pid:
-            raise CliError("vmem takes a PID or a command after --, not both", EXIT_USAGE)
+    if wants_command(args, "vmem", "command"):
         return of_command(args)
-    if not args.pid:
-        raise CliError("vmem needs a PID or a command after --", EXIT_USAGE)
     try:
         pid = pi.check_pid(args.pid)
         rep = pi.vmem(pid)

@@ -5,7 +5,7 @@ import json
 
 from .. import libc as lc
 from .. import procinfo as pi
-from ..common import (EXIT_BAD_PID, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CliError, Target, allocator_for, out,
+from ..common import (wants_command, EXIT_BAD_PID, EXIT_NOT_FOUND, EXIT_OK, CliError, Target, allocator_for, out,
                       printable, shown, target_of)
 
 NAME = "which"
@@ -20,12 +20,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    if args.command:
-        if args.pid:
-            raise CliError("which takes a PID or a program after --, not both", EXIT_USAGE)
+    if wants_command(args, "which", "program", " (mallard which -- /bin/busybox)"):
         return of_program(args)
-    if not args.pid:
-        raise CliError("which needs a PID or a program after -- (mallard which -- /bin/busybox)", EXIT_USAGE)
     try:
         pid = pi.check_pid(args.pid)
         w = pi.which(pid)
