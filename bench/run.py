@@ -40,7 +40,7 @@ MODES = ("smoke", "quick", "full", "scaling", "mbench", "musl")
 REPEATS = {"smoke": 1, "quick": 3, "full": 5, "scaling": 3, "mbench": 3, "musl": 3}
 TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180, "mbench": 300, "musl": 60}
 # The scaling mode's workloads: every one moves objects between threads.
-SCALING_WORKLOADS = ("xstorm", "server", "localremote", "larson", "prodcons")
+SCALING_WORKLOADS = ("xstorm", "server", "localremote", "larson", "succession", "prodcons")
 
 
 @dataclass
@@ -97,6 +97,11 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                                               str(pick(2, 5, 10))],
                           stresses="remote frees of objects handed to new threads and thread-exit caching",
                           figures=("ops_per_s",)))
+    for t in tc:
+        cells.append(Cell("succession", t, "c", ["-t", str(t), "-n", str(pick(500, 100000, 250000)), "-s", "5000",
+                                                  "-w", str(pick(2, 20, 30))],
+                          stresses="threads that start a successor, hand it every live block and exit (larson's "
+                                   "pattern, fixed work)", figures=("ops_per_s",)))
     for t in many:
         cells.append(Cell("prodcons", t, "c", ["-t", str(t), "-n", str(pick(2000, 1000000, 3000000) // max(1, t // 2))],
                           stresses="every free is a remote free (cross-thread free path)", figures=("ops_per_s",)))

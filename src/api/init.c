@@ -14,7 +14,7 @@ static void heap_destructor(void *arg) {
   if (!h || h == &mld_heap_empty) return;
   mld_tls_heap = &mld_heap_empty;        /* later frees in this thread take the remote path */
   mld_tls_exiting = true;                /* later mallocs use the exit heap: a new heap might never be abandoned */
-  mld_heap_abandon(h);
+  mld_heap_exit(h);
 }
 
 /* Lock order: the purging thread's creation (first: it allocates with that lock held), heaps (the exit heap, then

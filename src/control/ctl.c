@@ -135,6 +135,11 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     if (!strcmp(s, "curpages")) READ(uint64_t, cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0);
     return ENOENT;
   }
+  if (!strcmp(n, "remote_frees")) {   /* frees of blocks of another thread's page (the remote path) */
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    READ(uint64_t, hs.remote_frees);
+  }
   mld_global_stats(&g);
   if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
   if (!strcmp(n, "active")) READ(size_t, g.active);

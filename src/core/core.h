@@ -217,7 +217,10 @@ typedef struct heap_s {
   page_list_t full[MLD_NUM_CLASSES];     /* pages found full (parked); swept for remote frees before taking new pages */
   struct arena_s *arena;
   struct heap_s *next_all, *prev_all;    /* registry of live heaps */
-  struct heap_s *next_free;              /* pool of recycled heap structs */
+  struct heap_s *next_free;              /* pool of recycled heap structs, or the list of orphans */
+  /* An orphan: the heap of a thread that exited, kept whole (pages, lists, cache) for the next thread that starts,
+   * which takes it over as it is (heap.c mld_heap_exit): since when, ms (0: not an orphan). */
+  uint64_t orphan_ms;
   pthread_t thread;
   bool live;
   bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
@@ -434,6 +437,7 @@ MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
 MLD_HIDDEN size_t mld_heaps_sweep(bool force);                    /* idle heaps' parked pages, exit heap, dead heaps */
 
 MLD_HIDDEN void mld_heap_abandon(heap_t *h);
+MLD_HIDDEN void mld_heap_exit(heap_t *h);                           /* thread exit: orphaned, or abandoned */
 MLD_HIDDEN void mld_heaps_lock(void);
 MLD_HIDDEN void mld_heaps_unlock(void);
 MLD_HIDDEN void mld_heaps_fork_child(void);

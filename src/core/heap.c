@@ -13,7 +13,11 @@ __thread mld_tls_t mld_tls __attribute__((tls_model("initial-exec"))) = { &mld_h
 
 pthread_mutex_t mld_heaps_mutex = PTHREAD_MUTEX_INITIALIZER;
 heap_t *mld_heaps_all;                  /* live heaps (statistics, fork) */
-static heap_t *heaps_pool;              /* heap structs of exited threads, reused */
+static heap_t *heaps_pool;              /* heap structs of abandoned heaps, reused */
+/* Heaps of exited threads kept whole, most recent first (mld_heap_exit): the next thread to start takes one over with
+ * its pages, so the blocks its predecessor handed on are its own (owner frees, no adoption). A sweep abandons those
+ * left unclaimed for a decay period. Under mld_heaps_mutex. */
+static heap_t *orphans;
 heap_stats_t mld_dead_stats;            /* counters of exited threads, folded in when they exit */
 heap_stats_t mld_orphan_stats;          /* counters of frees by threads that never allocated */
 __thread bool mld_tls_contended __attribute__((tls_model("initial-exec")));   /* set when this thread waited for an arena lock */
@@ -80,6 +84,7 @@ static void set_current(heap_t *h, unsigned c) {
 
 /* ---- heap life ---- */
 static heap_t *find_dead_heap(void);
+static heap_t *take_orphan(void);
 
 /* The calling thread takes its heap's robust `life` mutex for good: released by its destructor
  * (mld_heap_abandon), or marked EOWNERDEAD by the kernel when the thread ends without one. */
@@ -108,6 +113,7 @@ heap_t *mld_heap_get(void) {
   /* Arena 0 may be missing when memory ran out during initialisation: every heap needs it. */
   if (!mld_arena_get(0) && mld_arena_create() < 0) return NULL;
   for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);   /* their structs are reused */
+  if ((h = take_orphan()) != NULL) return h;
   pthread_mutex_lock(&mld_heaps_mutex);
   h = heaps_pool;
   if (h) heaps_pool = h->next_free;
@@ -136,6 +142,33 @@ heap_t *mld_heap_get(void) {
   mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
   pthread_setspecific(mld_heap_key, h);
   mld_purge_new_heap();                   /* a fork child's own new thread allows the purging thread again */
+  return h;
+}
+
+/* The calling thread takes over the most recent orphan, or NULL when there is none. Everything of the heap stays as
+ * its last owner left it (its outbox was flushed, its counters folded into the dead threads' record and zeroed):
+ * pages, lists, `current`, cache; every page still names it, so the blocks the predecessor handed on are freed on the
+ * owner's fast path. Other threads' remote frees into its pages waited on their thread_free lists meanwhile: the new
+ * owner collects them as it refills, like any owner. Its arena stays (the arena it had moved to under contention). */
+static heap_t *take_orphan(void) {
+  pthread_mutex_lock(&mld_heaps_mutex);
+  heap_t *h = orphans;
+  if (h) {
+    orphans = h->next_free;
+    h->next_free = NULL;
+    h->orphan_ms = 0;
+    life_begin(h);   /* uncontended: nobody else takes an orphan's `life` (find_dead_heap skips orphans) */
+    atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
+    h->arena->nthreads++;
+    h->arena->nthreads_total++;
+    h->thread = pthread_self();
+    h->live = true;
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (!h) return NULL;
+  mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
+  pthread_setspecific(mld_heap_key, h);
+  mld_purge_new_heap();
   return h;
 }
 
@@ -293,7 +326,7 @@ void mld_heap_abandon(heap_t *h) {
   mld_spin_unlock(&h->lock);
   pthread_mutex_lock(&mld_heaps_mutex);
   mld_stats_add(&mld_dead_stats, &h->stats);
-  h->arena->nthreads--;
+  if (h->live) h->arena->nthreads--;      /* an orphan's thread left its arena when it exited */
   h->live = false;
   if (h->prev_all) h->prev_all->next_all = h->next_all; else mld_heaps_all = h->next_all;
   if (h->next_all) h->next_all->prev_all = h->prev_all;
@@ -301,6 +334,50 @@ void mld_heap_abandon(heap_t *h) {
   h->next_free = heaps_pool;
   heaps_pool = h;
   pthread_mutex_unlock(&mld_heaps_mutex);
+}
+
+/* The thread of h is exiting (its TLS destructor). Its heap becomes an orphan, whole, for the next thread that starts
+ * (take_orphan): a thread that hands its live blocks to a successor, and a pool that replaces its threads, cost no
+ * abandonment, no adoption and no remote frees. Only its pending batches are sent now (they are other pages'), and
+ * its counters folded into the dead threads' record (a successor's own counters start at zero). A sweep is asked
+ * for: an orphan nobody claims within a decay period is abandoned then (mld_heaps_sweep), so its memory comes back.
+ * A heap bound to an arena by its thread is abandoned at once: the binding was that thread's choice. */
+void mld_heap_exit(heap_t *h) {
+  if (h->bound) { mld_heap_abandon(h); return; }
+  mld_outbox_flush(h);
+  uint64_t now = mld_now_ms();
+  pthread_mutex_lock(&mld_heaps_mutex);
+  mld_stats_add(&mld_dead_stats, &h->stats);
+  memset(&h->stats, 0, sizeof h->stats);
+  h->arena->nthreads--;
+  h->live = false;
+  h->orphan_ms = now ? now : 1;
+  pthread_mutex_unlock(&h->life);         /* the next owner makes it anew (life_begin) */
+  h->next_free = orphans;
+  orphans = h;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  mld_sweep_want();
+}
+
+/* An orphan unclaimed for `age` ms (any, when forced), taken out of the list with its `life` held, for
+ * mld_heap_abandon; NULL when none. *young is set when younger orphans remain. */
+static heap_t *take_stale_orphan(uint64_t now, uint64_t age, bool force, bool *young) {
+  pthread_mutex_lock(&mld_heaps_mutex);
+  heap_t *o = NULL;
+  for (heap_t **pp = &orphans; *pp; pp = &(*pp)->next_free) {
+    uint64_t since = (*pp)->orphan_ms;
+    if (force || (since <= now && now - since >= age)) {
+      o = *pp;
+      *pp = o->next_free;
+      o->next_free = NULL;
+      o->orphan_ms = 0;
+      pthread_mutex_lock(&o->life);   /* uncontended (find_dead_heap skips orphans): mld_heap_abandon releases it */
+      break;
+    }
+    *young = true;
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  return o;
 }
 
 /* Give back what this heap holds but does not use: empty pages (even the last of a class when forced). */
@@ -586,6 +663,7 @@ static heap_t *find_dead_heap(void) {
   pthread_mutex_lock(&mld_heaps_mutex);
   heap_t *dead = NULL;
   for (heap_t *h = mld_heaps_all; h && !dead; h = h->next_all) {
+    if (h->orphan_ms) continue;   /* no thread holds an orphan's `life` */
     int rc = pthread_mutex_trylock(&h->life);
     if (rc == EOWNERDEAD) {
       pthread_mutex_consistent(&h->life);
@@ -612,6 +690,8 @@ size_t mld_heaps_sweep(bool force) {
     }
     return 0;
   }
+  bool young = false;   /* orphans too young to abandon remain */
+  for (heap_t *o; (o = take_stale_orphan(now, age, force, &young)) != NULL;) mld_heap_abandon(o);
   mld_spin_lock(&mld_exit_heap.lock);
   if (mld_exit_heap.arena) {
     visit_pages(&mld_exit_heap, collect_page, true);
@@ -631,7 +711,7 @@ size_t mld_heaps_sweep(bool force) {
     mld_spin_unlock(&h->lock);
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
-  if (busy) mld_sweep_want();   /* look again one delay later: a busy owner may have gone idle by then */
+  if (busy || young) mld_sweep_want();   /* look again one delay later: a busy owner may have gone idle by then */
   return bytes;
 }
 
@@ -652,7 +732,7 @@ void mld_heaps_fork_child(void) {
   mld_exit_heap_fork_child();
   for (heap_t *o = mld_heaps_all, *next; o; o = next) {
     next = o->next_all;
-    if (o == mld_tls_heap) continue;
+    if (o == mld_tls_heap || o->orphan_ms) continue;   /* orphans change only under the heaps' lock: whole */
     mld_stats_add(&mld_dead_stats, &o->stats);
     o->arena->nthreads--;
     o->live = false;
