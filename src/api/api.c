@@ -6,6 +6,7 @@
 #include "prof/prof.h"
 #include "core/junk.h"
 #include "guarded/guarded.h"
+#include <dlfcn.h>
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -562,6 +563,67 @@ __attribute__((visibility("default"))) int malloc_trim(size_t pad) {
   return collect(true) > 0;
 }
 /* mallopt, mallinfo2, mallinfo, malloc_stats, malloc_info: compat_glibc.c. */
+
+#ifdef MALLARD_CXX_NEW
+/* C++'s operator new and delete (their Itanium names), in the shared libraries only (a static link leaves them to the
+ * C++ runtime: two definitions in one program would not link): a preloaded C++ program's new and delete come here
+ * directly, not through its runtime's operator new into malloc (a call and a dozen instructions more per new:
+ * larson, docs/PERFORMANCE.md). A new that finds no memory is handed to the runtime's own operator new of the same
+ * name (the next definition): it runs the program's new_handler loop around malloc (ours again) and throws
+ * std::bad_alloc, or returns NULL for the nothrow forms, as it would without Mallard. */
+typedef void *(*cxx_new_t)(size_t);
+typedef void *(*cxx_new_nothrow_t)(size_t, const void *);
+typedef void *(*cxx_new_aligned_t)(size_t, size_t);
+typedef void *(*cxx_new_aligned_nothrow_t)(size_t, size_t, const void *);
+
+static MLD_NOINLINE void *cxx_next(const char *name) {
+  void *f = dlsym(RTLD_NEXT, name);
+  if (!f) mld_fatal("out of memory in C++ operator new, and no C++ runtime defines %s to report it", name);
+  return f;
+}
+#define CXX_NEW(size, align, expr, retry)                                                          \
+  do {                                                                                                   \
+    void *p_ = PROF_ALLOC((size), (align), false, (expr));                                               \
+    return likely(p_ != NULL) ? p_ : (retry);                                                            \
+  } while (0)
+
+MLD_EXPORT void *_Znwm(size_t n) { CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_t)cxx_next("_Znwm"))(n)); }
+MLD_EXPORT void *_Znam(size_t n) { CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_t)cxx_next("_Znam"))(n)); }
+MLD_EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) {
+  CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_nothrow_t)cxx_next("_ZnwmRKSt9nothrow_t"))(n, nt));
+}
+MLD_EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) {
+  CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_nothrow_t)cxx_next("_ZnamRKSt9nothrow_t"))(n, nt));
+}
+/* std::align_val_t is a size_t; C++ requires a power of two. */
+MLD_EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) {
+  CXX_NEW(n, al, alloc_aligned(al, n), ((cxx_new_aligned_t)cxx_next("_ZnwmSt11align_val_t"))(n, al));
+}
+MLD_EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) {
+  CXX_NEW(n, al, alloc_aligned(al, n), ((cxx_new_aligned_t)cxx_next("_ZnamSt11align_val_t"))(n, al));
+}
+MLD_EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+  CXX_NEW(n, al, alloc_aligned(al, n),
+          ((cxx_new_aligned_nothrow_t)cxx_next("_ZnwmSt11align_val_tRKSt9nothrow_t"))(n, al, nt));
+}
+MLD_EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+  CXX_NEW(n, al, alloc_aligned(al, n),
+          ((cxx_new_aligned_nothrow_t)cxx_next("_ZnamSt11align_val_tRKSt9nothrow_t"))(n, al, nt));
+}
+/* Every delete frees the block whatever size and alignment it is told (as free_sized does). */
+void _ZdlPv(void *p) ALIAS(mallard_free);
+void _ZdaPv(void *p) ALIAS(mallard_free);
+void _ZdlPvm(void *p, size_t n) ALIAS(mallard_free_sized);
+void _ZdaPvm(void *p, size_t n) ALIAS(mallard_free_sized);
+void _ZdlPvSt11align_val_t(void *p, size_t al) ALIAS(mallard_free_sized);
+void _ZdaPvSt11align_val_t(void *p, size_t al) ALIAS(mallard_free_sized);
+void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) ALIAS(mallard_free_aligned_sized);
+void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) ALIAS(mallard_free_aligned_sized);
+MLD_EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) { (void)nt; dealloc(p); }
+MLD_EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) { (void)nt; dealloc(p); }
+MLD_EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; dealloc(p); }
+MLD_EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) { (void)al; (void)nt; dealloc(p); }
+#endif
 #endif
 
 /* True exactly for addresses inside memory Mallard has handed out and not taken back: the guarded pool

@@ -42,11 +42,13 @@ static inline void remote_notify(remote_notice_t n) {
 void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
   remote_notice_t notice = remote_notice(pg);
   ((uintptr_t *)head)[1] = (uintptr_t)tail | ((uintptr_t)n << MLD_BATCH_COUNT_SHIFT);
-  block_t *old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
+  /* The list's length rides in the word's top bits: at most the blocks handed out of the page, < 2^16 (page.c). */
+  uintptr_t add = (uintptr_t)n << MLD_BATCH_COUNT_SHIFT;
+  uintptr_t old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);
   do {
-    blk_set_next(pg, tail, old);
-  } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, head, memory_order_release,
-                                                  memory_order_relaxed));
+    blk_set_next(pg, tail, (block_t *)(old & MLD_BATCH_PTR_MASK));
+  } while (!atomic_compare_exchange_weak_explicit(&pg->thread_free, &old, (uintptr_t)head | ((old & ~MLD_BATCH_PTR_MASK) + add),
+                                                  memory_order_release, memory_order_relaxed));
   MLD_RACE_WINDOW();   /* the batch is published: nothing of the page may be touched from here on */
   remote_notify(notice);
 }

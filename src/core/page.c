@@ -9,7 +9,7 @@ page_t mld_page_empty = { .kind = PAGE_META };
 void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   size_t bytes = ((size_t)pg->slot_count << MLD_SLOT_SHIFT) - (pg->guarded ? mld_os_page() : 0);
   pg->free = NULL;
-  atomic_store_explicit(&pg->thread_free, NULL, memory_order_relaxed);
+  atomic_store_explicit(&pg->thread_free, 0, memory_order_relaxed);
 #ifdef MALLARD_SECURE
   for (size_t j = 0; j < pg->slot_count; j++)   /* its remote words are clear (page_leave) */
     atomic_store_explicit(remote_summary(pg) + j, 0, memory_order_relaxed);
@@ -18,6 +18,7 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->capacity = 0;
   pg->block_size = mld_class_size[cls];
   pg->reserved = (uint32_t)(bytes / pg->block_size);
+  if (pg->reserved > MLD_PAGE_BLOCKS_MAX) pg->reserved = MLD_PAGE_BLOCKS_MAX;   /* slab_sizes:16-16:16 would hold 65536 */
   pg->size_class = (uint8_t)cls;
   pg->in_full = 0;
   pg->junk_free = (mld_opt.junk & MLD_JUNK_FREE) != 0;   /* owner frees take the slow path, which fills (api.c) */
@@ -161,42 +162,37 @@ bool mld_page_remote_waiting(const page_t *pg) {
   return false;
 }
 #else
-/* Take every remote free of the page; returns how many blocks came back. Batch by batch (outbox.c): each batch's
- * first block gives its last block and its length. */
+/* Take every remote free of the page; returns how many blocks came back. The list word gives its length; into an
+ * empty free list (a refill: the usual case) the list goes whole, unread; else its tail is found batch by batch
+ * (outbox.c: each batch's first block gives its last block), one or two lines a batch rather than one a block. */
 size_t mld_page_collect_remote(page_t *pg) {
-  if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed) == NULL) return 0;
-  block_t *list = atomic_exchange_explicit(&pg->thread_free, NULL, memory_order_acquire);
+  if (atomic_load_explicit(&pg->thread_free, memory_order_relaxed) == 0) return 0;
+  uintptr_t w = atomic_exchange_explicit(&pg->thread_free, 0, memory_order_acquire);
+  block_t *list = (block_t *)(w & MLD_BATCH_PTR_MASK);
   if (!list) return 0;
-  size_t n = 0;
-  block_t *tail = list;
-  for (block_t *b = list;;) {
-    uintptr_t meta = ((uintptr_t *)b)[1];
-    tail = (block_t *)(meta & (((uintptr_t)1 << MLD_BATCH_COUNT_SHIFT) - 1));
-    n += meta >> MLD_BATCH_COUNT_SHIFT;
-    if (!tail->next) break;
-    b = tail->next;
+  size_t n = w >> MLD_BATCH_COUNT_SHIFT;
+  if (pg->free) {
+    block_t *tail;
+    for (block_t *b = list;; b = tail->next) {
+      tail = (block_t *)(((uintptr_t *)b)[1] & MLD_BATCH_PTR_MASK);
+      if (!tail->next) break;
+    }
+    tail->next = pg->free;
   }
-  tail->next = pg->free;
   pg->free = list;
   pg->used -= (uint32_t)n;
   return n;
 }
 
 bool mld_page_remote_waiting(const page_t *pg) {
-  return atomic_load_explicit(&pg->thread_free, memory_order_relaxed) != NULL;
+  return atomic_load_explicit(&pg->thread_free, memory_order_relaxed) != 0;
 }
 
-/* Blocks whose remote frees a collection would take now, counted batch by batch without taking them. Exact while
- * no collection runs (the caller holds the heap lock): batches are only pushed on top meanwhile, and a pushed
- * batch is never written again (acquire: every push up to the head read is visible, its links included). */
+/* Blocks whose remote frees a collection would take now: the length in the list word. Exact while no collection runs
+ * (the caller holds the heap lock): batches are only pushed on top meanwhile (acquire: every push counted in the word
+ * read is visible). */
 size_t mld_page_remote_published(const page_t *pg) {
-  size_t n = 0;
-  for (block_t *b = atomic_load_explicit(&pg->thread_free, memory_order_acquire); b;) {
-    uintptr_t meta = ((uintptr_t *)b)[1];
-    n += meta >> MLD_BATCH_COUNT_SHIFT;
-    b = ((block_t *)(meta & (((uintptr_t)1 << MLD_BATCH_COUNT_SHIFT) - 1)))->next;
-  }
-  return n;
+  return atomic_load_explicit(&pg->thread_free, memory_order_acquire) >> MLD_BATCH_COUNT_SHIFT;
 }
 #endif
 
