@@ -11,6 +11,7 @@ OPERATION = {
     "server": "replacement (free + malloc of a 16-1000 B object)",
     "localremote": "object (allocated, then freed by its own thread or the next one)",
     "larson": "replacement (free + malloc of a 16-1000 B object)",
+    "succession": "replacement (free + malloc of a 16-1000 B object)",
     "prodcons": "object (allocated by a producer, freed by its consumer)",
 }
 # Workloads whose threads come in producer/consumer pairs: at -t 1 they still run two threads, so they start at 2.

@@ -86,14 +86,20 @@ static void set_current(heap_t *h, unsigned c) {
 static heap_t *find_dead_heap(void);
 static heap_t *take_orphan(void);
 
-/* The calling thread takes its heap's robust `life` mutex for good: released by its destructor
- * (mld_heap_abandon), or marked EOWNERDEAD by the kernel when the thread ends without one. */
-static void life_begin(heap_t *h) {
+/* The heap's robust `life` mutex, made anew, unlocked. */
+static void life_init(heap_t *h) {
   pthread_mutexattr_t ra;
   pthread_mutexattr_init(&ra);
   pthread_mutexattr_setrobust(&ra, PTHREAD_MUTEX_ROBUST);
   pthread_mutex_init(&h->life, &ra);
   pthread_mutexattr_destroy(&ra);
+}
+/* The calling thread takes its heap's robust `life` mutex for good: released by its destructor
+ * (mld_heap_abandon, mld_heap_exit), or marked EOWNERDEAD by the kernel when the thread ends without one. Lock
+ * order: a `life` before the heaps' lock (a thread holds its own for good and takes the heaps' lock), so no `life` is
+ * ever taken with the heaps' lock held. */
+static void life_begin(heap_t *h) {
+  life_init(h);
   pthread_mutex_lock(&h->life);
 }
 /* dst += src, counter by counter; src may be updated meanwhile by its owner (relaxed loads: a snapshot). */
@@ -156,16 +162,21 @@ static heap_t *take_orphan(void) {
   if (h) {
     orphans = h->next_free;
     h->next_free = NULL;
-    h->orphan_ms = 0;
-    life_begin(h);   /* uncontended: nobody else takes an orphan's `life` (find_dead_heap skips orphans) */
-    atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
-    h->arena->nthreads++;
-    h->arena->nthreads_total++;
-    h->thread = pthread_self();
-    h->live = true;
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
   if (!h) return NULL;
+  /* Out of the list, still marked an orphan (find_dead_heap skips it): its `life` is ours to make and take, with no
+   * lock held (the lock order of life_begin). */
+  life_begin(h);
+  pthread_mutex_lock(&mld_heaps_mutex);
+  h->orphan_ms = 0;
+  atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
+  h->arena->nthreads++;
+  h->arena->nthreads_total++;
+  h->thread = pthread_self();
+  h->live = true;
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  MLD_RACE_WINDOW();   /* taken over: remote frees into its pages and sweeps of it go on meanwhile */
   mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
   pthread_setspecific(mld_heap_key, h);
   mld_purge_new_heap();
@@ -345,6 +356,7 @@ void mld_heap_abandon(heap_t *h) {
 void mld_heap_exit(heap_t *h) {
   if (h->bound) { mld_heap_abandon(h); return; }
   mld_outbox_flush(h);
+  MLD_RACE_WINDOW();   /* leaving: other threads free into its pages, a sweep may visit it meanwhile */
   uint64_t now = mld_now_ms();
   pthread_mutex_lock(&mld_heaps_mutex);
   mld_stats_add(&mld_dead_stats, &h->stats);
@@ -370,12 +382,17 @@ static heap_t *take_stale_orphan(uint64_t now, uint64_t age, bool force, bool *y
       o = *pp;
       *pp = o->next_free;
       o->next_free = NULL;
-      o->orphan_ms = 0;
-      pthread_mutex_lock(&o->life);   /* uncontended (find_dead_heap skips orphans): mld_heap_abandon releases it */
       break;
     }
     *young = true;
   }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (!o) return NULL;
+  /* Out of the list, still marked (find_dead_heap skips it): its `life`, uncontended, taken with no lock held (the
+   * order of life_begin); mld_heap_abandon releases it. */
+  pthread_mutex_lock(&o->life);
+  pthread_mutex_lock(&mld_heaps_mutex);
+  o->orphan_ms = 0;
   pthread_mutex_unlock(&mld_heaps_mutex);
   return o;
 }
@@ -730,9 +747,16 @@ void mld_heaps_unlock(void) { pthread_mutex_unlock(&mld_heaps_mutex); mld_exit_h
 void mld_heaps_fork_child(void) {
   pthread_mutex_init(&mld_heaps_mutex, NULL);
   mld_exit_heap_fork_child();
+  orphans = NULL;   /* made again from the registry: a heap being taken or abandoned at the fork was out of it */
   for (heap_t *o = mld_heaps_all, *next; o; o = next) {
     next = o->next_all;
-    if (o == mld_tls_heap || o->orphan_ms) continue;   /* orphans change only under the heaps' lock: whole */
+    if (o == mld_tls_heap) continue;
+    if (o->orphan_ms) {   /* an orphan is whole (changed only by its taker, out of the list): back on the list */
+      life_init(o);       /* unlocked: a thread of the parent may have held it, taking the orphan */
+      o->next_free = orphans;
+      orphans = o;
+      continue;
+    }
     mld_stats_add(&mld_dead_stats, &o->stats);
     o->arena->nthreads--;
     o->live = false;

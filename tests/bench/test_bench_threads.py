@@ -232,15 +232,15 @@ def test_scaling_mode_end_to_end(tmp_path, bins):
     raw = json.loads((out / "raw.json").read_text())
     ids = [c["id"] for c in raw["cells"]]
     assert ids == ["xstorm/t2", "server/t1", "server/t2", "localremote/t1", "localremote/t2", "larson/t1",
-                   "larson/t2", "prodcons/t2"]
+                   "larson/t2", "succession/t1", "succession/t2", "prodcons/t2"]
     assert all(len(runs) == 2 for c in raw["cells"] for runs in c["runs"].values())
     md = (out / "results.md").read_text()
     assert "**FAIL**" not in md and "Failures" not in md, md
-    assert md.count("| allocator | 1 thr | 2 thr |") == 2 * 5  # ns/op and peak RSS grids of five workloads
-    for w in ("xstorm", "server", "localremote", "larson", "prodcons"):
+    assert md.count("| allocator | 1 thr | 2 thr |") == 2 * 6  # ns/op and peak RSS grids of six workloads
+    for w in ("xstorm", "server", "localremote", "larson", "succession", "prodcons"):
         assert f"# {w}" in md
     for n in names:
-        assert md.count(f"| {n} |") == 10
+        assert md.count(f"| {n} |") == 12
     assert "cores" in md and raw["machine"]["cpu"] in md
     assert (out / "scaling.png").stat().st_size > 1000
     text = page.read_text()

@@ -118,10 +118,11 @@ static void case_bound(void) {
 /* Nobody takes the orphan: a thread that was running before it exited frees its blocks (remote frees) and exits
  * too (its outbox is sent as it does), and within a few decay periods (200 ms here) sweeps abandon both orphans and
  * their pages leave, without any collection asked for. */
-static _Atomic(int) go;
+static _Atomic(int) go, ready;
 static void *late_freer(void *arg) {
   (void)arg;
   M_free(mt_hide(M_malloc(32)));   /* its heap exists before fill()'s thread exits: it takes no orphan */
+  atomic_store(&ready, 1);         /* its counters written before: main's reads of the statistics come after */
   while (!atomic_load(&go)) usleep(1000);
   free_all();
   return NULL;
@@ -131,6 +132,7 @@ static void case_unclaimed(void) {
   size_t active0 = ctl_size("stats.active");
   pthread_t f;
   REQUIRE(pthread_create(&f, NULL, late_freer, NULL) == 0, "pthread_create");
+  while (!atomic_load(&ready)) usleep(1000);
   run_thread(fill, (void *)(uintptr_t)3);
   size_t active1 = ctl_size("stats.active");
   atomic_store(&go, 1);
