@@ -98,7 +98,7 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                           stresses="remote frees of objects handed to new threads and thread-exit caching",
                           figures=("ops_per_s",)))
     for t in tc:
-        cells.append(Cell("succession", t, "c", ["-t", str(t), "-n", str(pick(500, 100000, 250000)), "-s", "5000",
+        cells.append(Cell("succession", t, "c", ["-t", str(t), "-n", str(pick(500, 200000, 500000) // t), "-s", "5000",
                                                   "-w", str(pick(2, 20, 30))],
                           stresses="threads that start a successor, hand it every live block and exit (larson's "
                                    "pattern, fixed work)", figures=("ops_per_s",)))
