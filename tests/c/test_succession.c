@@ -5,6 +5,7 @@
 #include "mtest.h"
 #include <pthread.h>
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 enum { NBLOCKS = 3000 };
@@ -150,6 +151,31 @@ static void case_unclaimed(void) {
         active / 1024, active0 / 1024);
 }
 
+/* A fork child keeps the parent's orphans: a thread it starts takes one over (its frees of the blocks are its own),
+ * and so does a thread of the parent. Not under ThreadSanitizer (no fork from a threaded process there). */
+static void case_fork(void) {
+#ifndef __SANITIZE_THREAD__
+  MT_COLLECT(true);
+  run_thread(fill, (void *)(uintptr_t)4);
+  fflush(stdout);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0, "fork");
+  if (pid == 0) {
+    run_thread(successor, NULL);
+    printf("fork: in the child, %llu remote frees among %d frees of the orphan's blocks\n",
+           (unsigned long long)remote_in_successor, NBLOCKS);
+    fflush(stdout);
+    _exit(remote_in_successor == 0 && atomic_load(&mt_failures) == 0 ? 0 : 1);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid, "waitpid");
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the fork child's thread did not take the orphan over (status %d)", st);
+  run_thread(successor, NULL);
+  CHECK(remote_in_successor == 0, "after the fork, the parent's successor freed remotely: %llu",
+        (unsigned long long)remote_in_successor);
+#endif
+}
+
 /* ---- stress: chains of threads hand their blocks on while freers and a collector run ---- */
 enum { LANES = 4, GENERATIONS = 24, LANE_BLOCKS = 400, POOL = LANES * GENERATIONS * LANE_BLOCKS };
 typedef struct { blk_t b[LANE_BLOCKS]; mt_rng_t r; int gen; uint64_t id; pthread_t chain[GENERATIONS]; } lane_t;
@@ -253,6 +279,7 @@ int main(int argc, char **argv) {
   if (all || !strcmp(c, "inherit")) case_inherit();
   if (all || !strcmp(c, "bound")) case_bound();
   if (all || !strcmp(c, "unclaimed")) case_unclaimed();
+  if (all || !strcmp(c, "fork")) case_fork();
   if (all || !strcmp(c, "stress")) case_stress();
   return mt_result("succession");
 }
