@@ -194,11 +194,10 @@ typedef struct page_list_s { page_t *head, *tail; } page_list_t;
 #define MLD_OUTBOX_BLOCKS 64                              /* a batch is sent when it holds this many blocks */
 #define MLD_OUTBOX_BYTES (8 * 1024)                       /* ... or this many bytes: pending <= 256 KiB a thread */
 #define MLD_OUTBOX_AGE 4096                               /* every this many remote frees, all batches are sent */
-#define MLD_BATCH_COUNT_SHIFT 48                          /* a batch's first block: tail | count << 48 (outbox.c),
-                                                           * and a page's thread_free: head | count << 48 */
+#define MLD_BATCH_COUNT_SHIFT 48                          /* a page's thread_free: head | count << 48 (outbox.c) */
 #define MLD_BATCH_PTR_MASK (((uintptr_t)1 << MLD_BATCH_COUNT_SHIFT) - 1)
 #define MLD_PAGE_BLOCKS_MAX 65535                          /* blocks a page holds at most: a count fits in 16 bits */
-_Static_assert(MLD_ADDR_BITS <= MLD_BATCH_COUNT_SHIFT, "every user address fits below a batch's count");
+_Static_assert(MLD_ADDR_BITS <= MLD_BATCH_COUNT_SHIFT, "every user address fits below a list's count");
 _Static_assert(MLD_PAGE_BLOCKS_MAX < ((uintptr_t)1 << (64 - MLD_BATCH_COUNT_SHIFT)), "a page's count fits above its list");
 #define MLD_OUTBOX_WORDS 8                                /* secure: a slot is sent when it holds this many words */
 typedef struct outbox_s {

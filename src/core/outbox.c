@@ -32,16 +32,16 @@ static inline void remote_notify(remote_notice_t n) {
 }
 
 #ifndef MALLARD_SECURE
-/* A batch on a page's thread_free list: its first block's second word holds the batch's last block and its
- * length (tail | count << 48; user addresses fit in MLD_ADDR_BITS <= 48 bits), so the owner collects a list batch by batch
- * instead of walking every block (mld_page_collect_remote). Every class is at least 16 bytes: two words fit. */
+/* A batch on a page's thread_free list: its first block's second word holds the batch's last block, so that a
+ * collection that must find the list's tail walks it batch by batch, not block by block (mld_page_collect_remote);
+ * the list's length is in the thread_free word itself. Every class is at least 16 bytes: two words fit. */
 
 /* Publish `n` blocks of `pg`, linked head..tail, with one CAS on the page's first cache line. Everything this
  * needs from the page is read before the CAS: once the batch is published, the owner (or an adopter or a
  * reaper) may collect it, release the page and reuse its memory, so nothing of the page is touched after. */
 void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
   remote_notice_t notice = remote_notice(pg);
-  ((uintptr_t *)head)[1] = (uintptr_t)tail | ((uintptr_t)n << MLD_BATCH_COUNT_SHIFT);
+  ((block_t **)head)[1] = tail;
   /* The list's length rides in the word's top bits: at most the blocks handed out of the page, < 2^16 (page.c). */
   uintptr_t add = (uintptr_t)n << MLD_BATCH_COUNT_SHIFT;
   uintptr_t old = atomic_load_explicit(&pg->thread_free, memory_order_relaxed);

@@ -174,7 +174,7 @@ size_t mld_page_collect_remote(page_t *pg) {
   if (pg->free) {
     block_t *tail;
     for (block_t *b = list;; b = tail->next) {
-      tail = (block_t *)(((uintptr_t *)b)[1] & MLD_BATCH_PTR_MASK);
+      tail = ((block_t **)b)[1];
       if (!tail->next) break;
     }
     tail->next = pg->free;
