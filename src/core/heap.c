@@ -86,6 +86,14 @@ static void set_current(heap_t *h, unsigned c) {
 static heap_t *find_dead_heap(void);
 static heap_t *take_orphan(void);
 
+/* The calling thread's heap from now on (a fresh one, or an orphan taken over), registered already. */
+static heap_t *heap_attach(heap_t *h) {
+  mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
+  pthread_setspecific(mld_heap_key, h);
+  mld_purge_new_heap();                   /* a fork child's own new thread allows the purging thread again */
+  return h;
+}
+
 /* The heap's robust `life` mutex, made anew, unlocked. */
 static void life_init(heap_t *h) {
   pthread_mutexattr_t ra;
@@ -145,10 +153,7 @@ heap_t *mld_heap_get(void) {
   if (mld_heaps_all) mld_heaps_all->prev_all = h;
   mld_heaps_all = h;
   pthread_mutex_unlock(&mld_heaps_mutex);
-  mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
-  pthread_setspecific(mld_heap_key, h);
-  mld_purge_new_heap();                   /* a fork child's own new thread allows the purging thread again */
-  return h;
+  return heap_attach(h);
 }
 
 /* The calling thread takes over the most recent orphan, or NULL when there is none. Everything of the heap stays as
@@ -177,10 +182,7 @@ static heap_t *take_orphan(void) {
   h->live = true;
   pthread_mutex_unlock(&mld_heaps_mutex);
   MLD_RACE_WINDOW();   /* taken over: remote frees into its pages and sweeps of it go on meanwhile */
-  mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
-  pthread_setspecific(mld_heap_key, h);
-  mld_purge_new_heap();
-  return h;
+  return heap_attach(h);
 }
 
 /* The heap's arena for its next span. A thread whose last arena operation had to wait for the lock moves to
