@@ -581,8 +581,11 @@ static MLD_NOINLINE void *cxx_next(const char *name) {
   if (!f) mld_fatal("out of memory in C++ operator new, and no C++ runtime defines %s to report it", name);
   return f;
 }
+/* An alignment that is not a power of two (undefined in C++) goes to the runtime's own, which refuses it as
+ * aligned_alloc (ours) does: std::bad_alloc or nullptr. (Folded away for the constant MLD_MIN_ALIGN.) */
 #define CXX_NEW(size, align, expr, retry)                                                          \
   do {                                                                                                   \
+    if (unlikely((align) & ((align) - 1))) return (retry);                                               \
     void *p_ = PROF_ALLOC((size), (align), false, (expr));                                               \
     return likely(p_ != NULL) ? p_ : (retry);                                                            \
   } while (0)

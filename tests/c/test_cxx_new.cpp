@@ -83,6 +83,12 @@ int main() {
   try { sink = ::operator new[](huge, std::align_val_t(128)); } catch (const std::bad_alloc &) { threw = true; }
   CHECK(threw, "aligned new[] did not throw std::bad_alloc");
 
+  // An alignment that is not a power of two (undefined in C++): refused as the runtime refuses it, nothing handed out.
+  CHECK(::operator new(64, std::align_val_t(48), std::nothrow) == nullptr, "nothrow new aligned to 48 did not fail");
+  threw = false;
+  try { sink = ::operator new(64, std::align_val_t(48)); } catch (const std::bad_alloc &) { threw = true; }
+  CHECK(threw, "new aligned to 48 did not throw std::bad_alloc");
+
   // The new_handler runs on failure and the allocation is retried while it returns; then bad_alloc.
   reserve = std::malloc(1000);
   std::set_new_handler(handler);
