@@ -413,6 +413,7 @@ extern page_t mld_page_empty MLD_HIDDEN;
 MLD_HIDDEN void mld_page_init(page_t *pg, unsigned cls, heap_t *h);
 MLD_HIDDEN bool mld_page_collect(page_t *pg);
 MLD_HIDDEN bool mld_page_extend(page_t *pg);
+MLD_HIDDEN void mld_page_restart(page_t *pg);
 MLD_HIDDEN size_t mld_page_collect_remote(page_t *pg);
 MLD_HIDDEN bool mld_page_remote_waiting(const page_t *pg);          /* remote frees wait to be collected */
 MLD_HIDDEN size_t mld_page_remote_published(const page_t *pg);     /* blocks a collection would take now */

@@ -182,6 +182,27 @@ static heap_t *take_orphan(void) {
   h->live = true;
   pthread_mutex_unlock(&mld_heaps_mutex);
   MLD_RACE_WINDOW();   /* taken over: remote frees into its pages and sweeps of it go on meanwhile */
+  /* Its pages as the new owner starts: remote frees collected, empty pages carved afresh (mld_page_restart: the
+   * predecessor that freed everything before exiting, as a pool's worker does, left random free lists), parked
+   * pages with room back on their class lists. Under the heap lock: a sweep may be at its parked pages. */
+  mld_spin_lock(&h->lock);
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
+    for (int k = 0; k < 2; k++) {
+      for (page_t *pg = lists[k]->head, *next; pg; pg = next) {
+        next = pg->next;
+        mld_page_collect(pg);
+        if (pg->used == 0) mld_page_restart(pg);
+        if (k == 1 && (pg->free || pg->used == 0)) {
+          list_remove(lists[1], pg);
+          set_in_full(pg, 0);
+          list_push_tail(lists[0], pg);
+        }
+      }
+    }
+    set_current(h, c);
+  }
+  mld_spin_unlock(&h->lock);
   return heap_attach(h);
 }
 
@@ -460,7 +481,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
   for (int i = 0; pg && i < SWEEP_LIMIT; i++) {
     page_t *next = pg->next;
     list_remove(full, pg);
-    if (mld_page_collect(pg)) {
+    if (mld_page_refill(pg)) {   /* its remote frees (a page they emptied is carved afresh) */
       set_in_full(pg, 0);
       list_push_head(avail, pg);
       return pg;

@@ -78,6 +78,16 @@ static bool page_extend(page_t *pg, size_t most) {
 /* Carve the next chunk: MLD_EXTEND_BYTES of blocks, at least 4. */
 bool mld_page_extend(page_t *pg) { return page_extend(pg, SIZE_MAX); }
 
+/* A page none of whose blocks is live (used == 0, its remote frees collected: none can be in flight) is carved
+ * afresh where it stands: its heap, lists and flags stay, its free list (in the order its blocks were freed, which
+ * after a thread's random frees is a random walk over the page: a cache miss per malloc) is dropped, and the next
+ * refill carves it again in address order. The secure variant's blocks are all dead (live bits clear): carving
+ * re-arms their canaries. */
+void mld_page_restart(page_t *pg) {
+  pg->free = NULL;
+  pg->capacity = 0;
+}
+
 #ifdef MALLARD_SECURE
 /* Link n blocks (in address order) in front of the page's free list, starting at a random one of them and wrapping
  * around (under shuffle 0 or 1: at the first). Not shuffled as carved blocks are: the producer that gets them back
@@ -209,6 +219,10 @@ bool mld_page_collect(page_t *pg) {
  * the random order, so shuffle:0 or 1 turns it off too. */
 bool mld_page_refill(page_t *pg) {
   if (!mld_page_collect(pg)) return mld_page_extend(pg);
+  if (pg->used == 0) {   /* every block came back (from other threads): carved afresh, in address order */
+    mld_page_restart(pg);
+    return mld_page_extend(pg);
+  }
 #ifdef MALLARD_SECURE
   if (mld_opt.shuffle > 1 && pg->capacity < pg->reserved && (mld_random64() & 1)) page_extend(pg, MLD_COIN_CARVE);
 #endif
