@@ -481,7 +481,7 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
   for (int i = 0; pg && i < SWEEP_LIMIT; i++) {
     page_t *next = pg->next;
     list_remove(full, pg);
-    if (mld_page_refill(pg)) {   /* its remote frees (a page they emptied is carved afresh) */
+    if (mld_page_collect(pg)) {
       set_in_full(pg, 0);
       list_push_head(avail, pg);
       return pg;
