@@ -85,6 +85,7 @@ static void set_current(heap_t *h, unsigned c) {
 /* ---- heap life ---- */
 static heap_t *find_dead_heap(void);
 static heap_t *take_orphan(void);
+static void take_over_orphan_pages(heap_t *h);
 
 /* The calling thread's heap from now on (a fresh one, or an orphan taken over), registered already. */
 static heap_t *heap_attach(heap_t *h) {
@@ -186,22 +187,7 @@ static heap_t *take_orphan(void) {
    * predecessor that freed everything before exiting, as a pool's worker does, left random free lists), parked
    * pages with room back on their class lists. Under the heap lock: a sweep may be at its parked pages. */
   mld_spin_lock(&h->lock);
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
-    page_list_t *lists[2] = { &h->avail[c], &h->full[c] };
-    for (int k = 0; k < 2; k++) {
-      for (page_t *pg = lists[k]->head, *next; pg; pg = next) {
-        next = pg->next;
-        mld_page_collect(pg);
-        if (pg->used == 0) mld_page_restart(pg);
-        if (k == 1 && (pg->free || pg->used == 0)) {
-          list_remove(lists[1], pg);
-          set_in_full(pg, 0);
-          list_push_tail(lists[0], pg);
-        }
-      }
-    }
-    set_current(h, c);
-  }
+  take_over_orphan_pages(h);
   mld_spin_unlock(&h->lock);
   return heap_attach(h);
 }
@@ -310,7 +296,8 @@ static void cache_flush(heap_t *h) {
   h->ncache = 0;
 }
 
-/* Visit every page of a class (class list, then full list); the visitor may unlink or release the page. */
+/* Visit every page of a class (class list, then full list); the visitor may unlink or release the page, or move it
+ * from the full list to the tail of the class list (not visited twice: the class list was walked first). */
 typedef void (*page_visit_t)(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force);
 static void visit_pages(heap_t *h, page_visit_t visit, bool force) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
@@ -323,7 +310,6 @@ static void visit_pages(heap_t *h, page_visit_t visit, bool force) {
     }
     set_current(h, c);
   }
-  cache_flush(h);
 }
 
 /* Thread exit: an empty page goes back to its arena, the others are abandoned for adoption. */
@@ -351,12 +337,29 @@ static void collect_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
   }
 }
 
+/* Take-over: remote frees collected, an empty page carved afresh (mld_page_restart), a parked page with room back on
+ * its class list. */
+static void take_over_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, bool force) {
+  (void)force;
+  mld_page_collect(pg);
+  if (pg->used == 0) mld_page_restart(pg);
+  if (pg->in_full && (pg->free || pg->used == 0)) {
+    list_remove(list, pg);
+    set_in_full(pg, 0);
+    list_push_tail(&h->avail[c], pg);
+  }
+}
+static void take_over_orphan_pages(heap_t *h) {
+  visit_pages(h, take_over_page, false);   /* its page cache stays: a cached page is initialised when taken */
+}
+
 /* A thread is exiting (or, from a sweep, has ended without its destructor): its pending remote frees are sent,
  * its pages released or abandoned, its counters kept, its struct recycled. The caller holds `life`. */
 void mld_heap_abandon(heap_t *h) {
   mld_outbox_flush(h);
   mld_spin_lock(&h->lock);
   visit_pages(h, abandon_page, true);
+  cache_flush(h);
   mld_spin_unlock(&h->lock);
   pthread_mutex_lock(&mld_heaps_mutex);
   mld_stats_add(&mld_dead_stats, &h->stats);
@@ -426,6 +429,7 @@ void mld_heap_collect(heap_t *h, bool force) {
   mld_outbox_flush(h);
   mld_spin_lock(&h->lock);
   visit_pages(h, collect_page, force);
+  cache_flush(h);
   mld_spin_unlock(&h->lock);
 }
 
@@ -735,6 +739,7 @@ size_t mld_heaps_sweep(bool force) {
   mld_spin_lock(&mld_exit_heap.lock);
   if (mld_exit_heap.arena) {
     visit_pages(&mld_exit_heap, collect_page, true);
+    cache_flush(&mld_exit_heap);
   }
   mld_spin_unlock(&mld_exit_heap.lock);
   bool busy = false;
