@@ -190,6 +190,7 @@ typedef struct page_list_s { page_t *head, *tail; } page_list_t;
 /* Remote frees are batched per destination page (outbox.c): one entry holds a chain of blocks of one page that
  * this thread freed (the secure variant: the summary bits of the remote words it found empty), sent with a single
  * atomic operation when full, when its slot is needed for another page, or when flushed. */
+#define MLD_RECLAIM_MS 8                                  /* an owner walks its pages for remote frees at most this often */
 #define MLD_OUTBOX_SLOTS 32                               /* pages batched for at once (direct-mapped) */
 #define MLD_OUTBOX_BLOCKS 64                              /* a batch is sent when it holds this many blocks */
 #define MLD_OUTBOX_BYTES (8 * 1024)                       /* ... or this many bytes: pending <= 256 KiB a thread */
@@ -239,7 +240,11 @@ typedef struct heap_s {
   /* Robust, held by the owning thread for the heap's whole life: if the thread ends without its destructor
    * having run (first allocation in the last destructor round), the kernel marks it and a sweep abandons it. */
   pthread_mutex_t life;
-  _Atomic(uint64_t) last_slow_ms;        /* the owner's last refill: a heap idle for a decay period is swept */
+  _Atomic(uint64_t) last_slow_ms;        /* the owner's last refill: a heap idle for the sweep age is swept */
+  /* Set by a thread that sent remote frees into a page of this heap that is not a current one: the owner walks its
+   * pages at a refill (at most every MLD_RECLAIM_MS), collecting them and giving back pages left empty (heap.c). */
+  _Atomic(int) reclaim_wanted;
+  uint64_t reclaim_ms;                   /* the owner's last such walk */
   unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
@@ -325,6 +330,17 @@ static inline int mld_thp_advice(bool huge_block) {
 static inline uint64_t mld_purge_age(void) {
   long d = mld_opt.dirty_decay_ms;
   return d > 0 ? (uint64_t)(d - d / 8) : 0;
+}
+
+/* Age at which a sweep request is served (heap.c mld_heaps_sweep): pages whose blocks all came back, parked by an
+ * owner that has not refilled for as long, go back to their arena, where any heap of the arena reuses them at once
+ * (they are purged only once dirty_decay_ms has passed). Much shorter than the decay: a thread that allocated blocks
+ * and handed them all on (larson's main thread, a producer that stopped) would otherwise keep their pages for a decay
+ * period while the threads that freed them fill new ones. Orphans still wait the decay age. */
+#define MLD_SWEEP_AGE_MS 16
+static inline uint64_t mld_sweep_age(void) {
+  uint64_t a = mld_purge_age();
+  return a < MLD_SWEEP_AGE_MS ? a : MLD_SWEEP_AGE_MS;
 }
 
 /* ---- cross-file declarations ------------------------------------------------------------------------- */

@@ -517,7 +517,15 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
     if (!h) { errno = ENOMEM; return NULL; }
   }
   mld_spin_lock(&h->lock);
-  atomic_store_explicit(&h->last_slow_ms, mld_now_ms(), memory_order_relaxed);
+  uint64_t now = mld_now_ms();
+  atomic_store_explicit(&h->last_slow_ms, now, memory_order_relaxed);
+  /* Other threads freed into pages this heap does not allocate from: a refill stops at the first page with a free
+   * block, so pages further on would hold their remote frees (and stay, though emptied) until the class runs dry. */
+  if (unlikely(atomic_load_explicit(&h->reclaim_wanted, memory_order_relaxed)) && now - h->reclaim_ms >= MLD_RECLAIM_MS) {
+    h->reclaim_ms = now;
+    atomic_store_explicit(&h->reclaim_wanted, 0, memory_order_relaxed);
+    visit_pages(h, collect_page, false);
+  }
   block_t *b = heap_refill_pop(h, c);
   mld_spin_unlock(&h->lock);
   if (h->outbox_ops) mld_outbox_flush(h);   /* a refill is a good moment: no batch waits past it */
@@ -632,11 +640,13 @@ void mld_free_remote(page_t *pg, void *p) {
 
 /* ---- sweeps: memory that waits on no thread's next allocation ----
  * Three kinds of pages are given back by a sweep rather than by their owner: the parked pages of a heap whose
- * owner has not refilled for a decay period (blocks freed by other threads into them would otherwise wait
+ * owner has not refilled for the sweep age (blocks freed by other threads into them would otherwise wait
  * until it allocates again), every empty page of the exit heap (nobody allocates from it but under its lock),
  * and the pages of a heap whose thread ended without its destructor (its `life` mutex, robust, reads as
  * EOWNERDEAD). A send into a parked or exit-heap page asks for a sweep (mld_sweep_want); the purging thread
- * runs it once the decay delay has passed, malloc_trim and mallard_collect at once. */
+ * runs it once the sweep age has passed (mld_sweep_age: 16 ms, at most the decay age), malloc_trim and mallard_collect
+ * at once. A busy owner is left to itself: a send into a page it does not allocate from also asks it to walk its pages
+ * at a refill (reclaim_wanted, mld_malloc_slow). */
 
 /* Parked pages whose blocks have all come back go back to their arena (heap lock held, by a thread that is
  * not the owner). The owner's fast paths never touch a parked page: they allocate from `current` pages only,
@@ -724,7 +734,7 @@ static heap_t *find_dead_heap(void) {
 size_t mld_heaps_sweep(bool force) {
   size_t bytes = 0;
   for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
-  uint64_t now = mld_now_ms(), age = mld_purge_age();
+  uint64_t now = mld_now_ms(), age = mld_sweep_age();
   uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
   mld_fence_after_rmw();   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
   if (!force && (!since || now < since + age)) {
@@ -735,7 +745,8 @@ size_t mld_heaps_sweep(bool force) {
     return 0;
   }
   bool young = false;   /* orphans too young to abandon remain */
-  for (heap_t *o; (o = take_stale_orphan(now, age, force, &young)) != NULL;) mld_heap_abandon(o);
+  /* Orphans wait the decay age, not the sweep age: a pool's next thread may take one over until then. */
+  for (heap_t *o; (o = take_stale_orphan(now, mld_purge_age(), force, &young)) != NULL;) mld_heap_abandon(o);
   mld_spin_lock(&mld_exit_heap.lock);
   if (mld_exit_heap.arena) {
     visit_pages(&mld_exit_heap, collect_page, true);
@@ -746,7 +757,7 @@ size_t mld_heaps_sweep(bool force) {
   pthread_mutex_lock(&mld_heaps_mutex);
   for (heap_t *h = mld_heaps_all; h; h = h->next_all) {
     if (!mld_spin_trylock(&h->lock)) { busy = true; continue; }
-    /* An owner that refilled within the delay will find its parked pages itself (and reuse them). */
+    /* An owner that refilled within the sweep age reclaims its pages itself (reclaim_wanted, mld_malloc_slow). */
     uint64_t last = atomic_load_explicit(&h->last_slow_ms, memory_order_relaxed);
     if (force || (last <= now && now - last >= age)) {
       sweep_unparked(h);

@@ -9,20 +9,27 @@
  * unvisited for long: a sweep returns it once it is empty. */
 typedef struct remote_notice_s {
   arena_t *reap;
+  heap_t *owner;   /* the page's owner, when the page is not one of its current ones: it is asked to walk its pages */
   bool sweep;
 } remote_notice_t;
 
 static inline remote_notice_t remote_notice(page_t *pg) {
   heap_t *owner = atomic_load_explicit(&pg->heap, memory_order_relaxed);
-  remote_notice_t n = { owner == NULL ? segment_of(pg)->arena : NULL, false };
+  remote_notice_t n = { owner == NULL ? segment_of(pg)->arena : NULL, NULL, false };
   n.sweep = owner != NULL && (__atomic_load_n(&pg->in_full, __ATOMIC_RELAXED) ||
                               !__atomic_load_n(&pg->is_current, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
+  if (n.sweep && owner != &mld_exit_heap) n.owner = owner;
   return n;
 }
 
 static inline void remote_notify(remote_notice_t n) {
   if (unlikely(n.reap != NULL)) mld_arena_want_reap(n.reap);   /* arenas live for ever */
   else if (unlikely(n.sweep)) {
+    /* Heap structs live for ever (recycled, never unmapped): one recycled since only walks its pages once in vain.
+     * Written after the publish: an owner that cleared the flag before walking either collects this batch or is asked
+     * again. Read first: a busy page's senders do not bounce the owner's line. */
+    if (n.owner && !atomic_load_explicit(&n.owner->reclaim_wanted, memory_order_relaxed))
+      atomic_store_explicit(&n.owner->reclaim_wanted, 1, memory_order_relaxed);
     /* Our publish, then mld_sweep_since; the sweeper's exchange, then its walk (mld_heaps_sweep): a release RMW does
      * not keep a later load behind it (aarch64: casl then ldr), so a seq_cst fence on each side makes one of the
      * two see the other: either we see no request pending and ask, or the sweep sees our batch. */
@@ -75,7 +82,7 @@ void mld_sweep_want(void) {
 
 uint64_t mld_sweep_due(void) {
   uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
-  return since ? since + mld_purge_age() : 0;
+  return since ? since + mld_sweep_age() : 0;
 }
 
 /* Send one entry's batch (the secure variant: its summary bits) and empty the slot. */
