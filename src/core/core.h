@@ -244,7 +244,7 @@ typedef struct heap_s {
   /* Set by a thread that sent remote frees into a page of this heap that is not a current one: the owner walks its
    * pages at a refill (at most every MLD_RECLAIM_MS), collecting them and giving back pages left empty (heap.c). */
   _Atomic(int) reclaim_wanted;
-  uint64_t reclaim_ms;                   /* the owner's last such walk */
+  uint64_t reclaim_ms;                   /* the owner's last such walk, plus 1 ms per 64 pages it walked */
   unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
