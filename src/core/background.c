@@ -120,6 +120,19 @@ void mld_dirty_notify(void) {
   }
 }
 
+/* A sweep was asked for: it falls due within the sweep age, possibly long before the deadline the thread waits for
+ * (the decay of dirty spans: seconds), and mld_dirty_notify wakes only a thread waiting without a deadline. Signalled
+ * whatever the thread does (at most once per sweep request: mld_sweep_want). Never starts a thread, never allocates. */
+void mld_purge_wake(void) {
+  if (!bg_enabled()) return;
+  atomic_store(&bg_pending, 1);
+  if (atomic_load(&bg_started) == 1) {
+    pthread_mutex_lock(&bg_lock);
+    pthread_cond_signal(&bg_cond);
+    pthread_mutex_unlock(&bg_lock);
+  }
+}
+
 #define BG_RETRY_MS 1000
 static _Atomic(uint64_t) bg_retry_ms;    /* after a failed start: not before this time */
 

@@ -406,6 +406,7 @@ MLD_HIDDEN uint64_t mld_arena_next_due(arena_t *a, bool *dirty);  /* takes the l
 MLD_HIDDEN size_t mld_purge_all(bool force);                      /* returns bytes given back to the OS */
 MLD_HIDDEN size_t mld_collect(bool force);                        /* heap, sweeps, then purge: bytes given back */
 MLD_HIDDEN void mld_dirty_notify(void);
+MLD_HIDDEN void mld_purge_wake(void);
 MLD_HIDDEN void mld_purge_thread_maybe_start(void);                /* allocation slow paths only: see background.c */
 MLD_HIDDEN void mld_purge_init(void);
 MLD_HIDDEN void mld_purge_create_lock(void);                       /* fork handlers: before every other lock */

@@ -77,7 +77,7 @@ _Atomic(uint64_t) mld_sweep_since;
 void mld_sweep_want(void) {
   if (atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return;   /* already asked: one write per delay */
   uint64_t none = 0, now = mld_now_ms();
-  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_dirty_notify();
+  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_purge_wake();
 }
 
 uint64_t mld_sweep_due(void) {
