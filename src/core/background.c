@@ -106,6 +106,14 @@ void mld_purge_init(void) {
   pthread_condattr_destroy(&ca);
 }
 
+/* Wake the purging thread, if started, from whatever wait it is in. */
+static void bg_signal(void) {
+  if (atomic_load(&bg_started) != 1) return;
+  pthread_mutex_lock(&bg_lock);
+  pthread_cond_signal(&bg_cond);
+  pthread_mutex_unlock(&bg_lock);
+}
+
 /* Free paths: dirty memory appeared. Never starts a thread, never allocates. */
 void mld_dirty_notify(void) {
   if (!bg_enabled()) return;
@@ -113,11 +121,7 @@ void mld_dirty_notify(void) {
    * under an arena lock before this load). Skipping the store keeps every freeing thread off one shared line. */
   if (atomic_load(&bg_pending)) return;
   atomic_store(&bg_pending, 1);
-  if (atomic_load(&bg_started) == 1 && atomic_load(&bg_idle)) {
-    pthread_mutex_lock(&bg_lock);
-    pthread_cond_signal(&bg_cond);
-    pthread_mutex_unlock(&bg_lock);
-  }
+  if (atomic_load(&bg_idle)) bg_signal();
 }
 
 /* A sweep was asked for: it falls due within the sweep age, possibly long before the deadline the thread waits for
@@ -126,11 +130,7 @@ void mld_dirty_notify(void) {
 void mld_purge_wake(void) {
   if (!bg_enabled()) return;
   atomic_store(&bg_pending, 1);
-  if (atomic_load(&bg_started) == 1) {
-    pthread_mutex_lock(&bg_lock);
-    pthread_cond_signal(&bg_cond);
-    pthread_mutex_unlock(&bg_lock);
-  }
+  bg_signal();
 }
 
 #define BG_RETRY_MS 1000
