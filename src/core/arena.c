@@ -258,8 +258,56 @@ void mld_segment_release(arena_t *a, segment_t *seg) {
   mld_os_unmap(seg, MLD_SEGMENT_SIZE);
 }
 
-/* Best fit: the smallest free span with at least `slots` slots, split; a new segment when none fits. The span is
- * marked `kind` before the lock is released: threads freeing a neighbour read its descriptors under the lock. */
+/* The automatic arenas (threads spread over them; arenas.create adds others, for binding only): those made at
+ * start-up, at most `narenas` and the mallopt(M_ARENA_MAX) cap. */
+unsigned mld_arenas_auto(void) {
+  unsigned n = atomic_load_explicit(&mld_narenas, memory_order_acquire);
+  unsigned autos = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : mld_auto_arenas;
+  if (autos > n) autos = n;   /* some automatic arenas could not be made (no memory at initialisation) */
+  unsigned cap = atomic_load_explicit(&mld_arena_cap, memory_order_relaxed);
+  if (cap && autos > cap) autos = cap;
+  return autos;
+}
+
+/* The smallest dirty span of a's lists for `use` with at least `slots` slots, else the smallest span (lock held):
+ * resident memory is reused before untouched memory is faulted in. Each list holds its dirty spans first, so its
+ * head says whether it has one. *dirty: whether the span returned is dirty. */
+static page_t *span_fit(arena_t *a, unsigned use, size_t slots, bool *dirty) {
+  page_t *pg = NULL;
+  for (size_t n = slots; n <= MLD_USABLE_SLOTS; n++) {
+    page_t *h = a->spans[use][n];
+    if (!h) continue;
+    if (!h->purged) { *dirty = true; return h; }
+    if (!pg) pg = h;
+  }
+  *dirty = false;
+  return pg;
+}
+
+/* Another automatic arena holding a dirty span that fits, locked, or NULL (a's lock held; trylock only, so no lock
+ * order between arenas is needed). Threads move between the automatic arenas as contention appears, so memory one of
+ * them freed would otherwise wait for its decay while another faults in fresh pages (mstress: a third more peak
+ * RSS). The span stays its segment's arena's: it goes back there when freed. Arenas made by arenas.create neither
+ * lend nor borrow: a thread bound to one keeps its memory apart. */
+static arena_t *borrow_dirty(arena_t *a, unsigned use, size_t slots) {
+  unsigned autos = mld_arenas_auto();
+  if (a->index >= autos) return NULL;
+  for (unsigned i = 1; i < autos; i++) {
+    arena_t *b = mld_arenas[(a->index + i) % autos];
+    if (pthread_mutex_trylock(&b->lock) != 0) continue;
+    bool dirty;
+    if (b->dirty_slots >= slots && span_fit(b, use, slots, &dirty) && dirty) {
+      b->lock_stats.ops++;
+      return b;
+    }
+    pthread_mutex_unlock(&b->lock);
+  }
+  return NULL;
+}
+
+/* A span of `slots` slots: the smallest dirty one that fits, in a or, failing that, in another automatic arena
+ * (borrow_dirty), else the smallest that fits, else a new segment's; split. The span is marked `kind` before the lock
+ * is released: threads freeing a neighbour read its descriptors under the lock. */
 page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero) {
   /* Secure variant: large blocks, and small pages of each size, in segments of their own. A large block is never
    * next to a small page, and a page always comes back where a page of its size was: its guard slab where the last
@@ -267,9 +315,15 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
    * costs), never where a large block left its span closed and its guard slot behind. */
   unsigned use = MLD_SPAN_USES == 1 || kind == PAGE_LARGE || slots >= MLD_SPAN_USES ? 0 : (unsigned)slots;
   arena_lock(a);
-  page_t *pg = NULL;
-  for (size_t n = slots; n <= MLD_USABLE_SLOTS; n++) {
-    if (a->spans[use][n]) { pg = a->spans[use][n]; break; }
+  bool dirty;
+  page_t *pg = span_fit(a, use, slots, &dirty);
+  if (!dirty) {
+    arena_t *b = borrow_dirty(a, use, slots);
+    if (b) {   /* from here on the span's arena is b: everything below (purge, protection) is done on it */
+      arena_unlock(a);
+      a = b;
+      pg = span_fit(a, use, slots, &dirty);
+    }
   }
   if (!pg) {
     segment_t *seg = segment_new(a, use);

@@ -374,6 +374,7 @@ MLD_HIDDEN void mld_lock(pthread_mutex_t *m, lock_stats_t *st);
 extern arena_t *mld_arenas[MLD_MAX_ARENAS] MLD_HIDDEN;
 extern _Atomic(unsigned) mld_narenas MLD_HIDDEN;
 MLD_HIDDEN arena_t *mld_arena_get(unsigned index);
+MLD_HIDDEN unsigned mld_arenas_auto(void);   /* how many automatic arenas threads spread over */
 MLD_HIDDEN int mld_arena_create(void);
 MLD_HIDDEN page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero);   /* a large block's span */
 MLD_HIDDEN page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero);

@@ -198,11 +198,7 @@ arena_t *mld_heap_arena(heap_t *h) {
   if (unlikely(h == &mld_heap_empty)) return mld_arena_get(0);   /* a thread past its heap (exit heap, large blocks) */
   if (unlikely(mld_tls_contended)) {
     mld_tls_contended = false;
-    unsigned n = atomic_load_explicit(&mld_narenas, memory_order_acquire);
-    unsigned autos = mld_opt.narenas && mld_opt.narenas < n ? mld_opt.narenas : mld_auto_arenas;
-    if (autos > n) autos = n;   /* some automatic arenas could not be made (no memory at initialisation) */
-    unsigned cap = atomic_load_explicit(&mld_arena_cap, memory_order_relaxed);
-    if (cap && autos > cap) autos = cap;
+    unsigned autos = mld_arenas_auto();
     if (!h->bound && autos > 1) {
       arena_t *next = mld_arenas[(h->arena->index + 1) % autos];
       pthread_mutex_lock(&mld_heaps_mutex);

@@ -1,9 +1,13 @@
 /* test_reclaim.c — pages that other threads emptied come back while their owner lives: a busy owner collects them
  * itself (its refills walk its pages when a sender asks, heap.c "reclaim"), an idle owner's are swept within tens of
  * milliseconds, not a decay period. Run as `busy` (MALLARD_CONF=background_thread:false: no sweep can do it) and as
- * `idle` (dirty_decay_ms:10000: a sweep at the decay delay would come 8.75 s late). Built for ThreadSanitizer too. */
+ * `idle` (dirty_decay_ms:10000: a sweep at the decay delay would come 8.75 s late). `borrow` (narenas:2,
+ * dirty_decay_ms:10000): memory one automatic arena holds freed and resident is reused by a thread of another before it
+ * maps more (arena.c borrow_dirty); `apart` (the same options): an arena made by arenas.create keeps its own;
+ * `dirty_first` (the same): a span is cut from resident memory before purged memory is faulted in again. Built for ThreadSanitizer too. */
 #include "mtest.h"
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 enum { NBLOCKS = 10000, SIZE = 1000 };   /* ~10 MB in 64 KiB pages of 1 KiB blocks: over 150 pages */
@@ -91,10 +95,113 @@ static void case_idle(void) {
         now / 1024, before / 1024);
 }
 
+/* ---- borrow: dirty spans of one automatic arena serve a thread of another ---- */
+enum { NLARGE = 32, LARGE = 512 * 1024 };   /* 16 MiB of large blocks: four segments and more */
+
+static unsigned arena_of_thread(void) {
+  unsigned a = 0;
+  size_t len = sizeof a;
+  REQUIRE(MT_CTL("thread.arena", &a, &len, NULL, 0) == 0 && len == sizeof a, "thread.arena");
+  return a;
+}
+static size_t mapped(void) {
+  uint64_t epoch = 1;
+  size_t len = sizeof epoch;
+  MT_CTL("epoch", &epoch, &len, &epoch, sizeof epoch);
+  return ctl_size("stats.mapped");
+}
+/* Allocate NLARGE large blocks, write every byte of them (resident), free them all. */
+static void large_round(uint64_t seed) {
+  static uint8_t *big[NLARGE];
+  for (int i = 0; i < NLARGE; i++) {
+    REQUIRE((big[i] = M_malloc(LARGE)) != NULL, "malloc(%d)", LARGE);
+    mt_fill(big[i], LARGE, seed + (uint64_t)i);
+  }
+  for (int i = 0; i < NLARGE; i++) {
+    size_t bad = mt_verify(big[i], LARGE, seed + (uint64_t)i);
+    CHECK(bad == LARGE, "large block %d damaged at %zu", i, bad);
+    M_free(big[i]);
+  }
+}
+/* A thread bound to arena *arg frees 16 MiB of large blocks there. */
+static void *round_in_arena(void *arg) {
+  unsigned idx = *(unsigned *)arg;
+  REQUIRE(MT_CTL("thread.arena", NULL, NULL, &idx, sizeof idx) == 0, "thread.arena := %u", idx);
+  large_round(1000);
+  return NULL;
+}
+/* How much more the calling thread (on arena 0) maps for a large round after another thread's round in arena idx. */
+static size_t mapped_after_round_in(unsigned idx) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, round_in_arena, &idx) == 0, "pthread_create");
+  REQUIRE(pthread_join(t, NULL) == 0, "pthread_join");
+  REQUIRE(arena_of_thread() == 0, "the main thread left arena 0 (%u)", arena_of_thread());
+  size_t before = mapped();
+  large_round(2000);
+  size_t after = mapped();
+  return after > before ? after - before : 0;
+}
+static void two_arenas(void) {
+  unsigned n = 0;
+  size_t len = sizeof n;
+  REQUIRE(MT_CTL("arenas.narenas", &n, &len, NULL, 0) == 0 && n >= 2, "two automatic arenas (narenas:2): %u", n);
+  M_free(M_malloc(16));   /* the main thread's heap, on arena 0 */
+}
+static void case_borrow(void) {
+  two_arenas();
+  size_t grew = mapped_after_round_in(1);
+  printf("borrow: after 16 MiB freed in automatic arena 1, a round from arena 0 mapped %zu KiB more\n", grew / 1024);
+  CHECK(grew <= 4 * 1024 * 1024, "arena 0 mapped %zu KiB while arena 1 held 16 MiB freed and resident", grew / 1024);
+}
+/* A created arena lends nothing: a thread bound to it keeps its memory apart (jemalloc's arenas.create). */
+static void case_apart(void) {
+  two_arenas();
+  unsigned made = 0;
+  size_t len = sizeof made;
+  REQUIRE(MT_CTL("arenas.create", &made, &len, NULL, 0) == 0, "arenas.create");
+  size_t grew = mapped_after_round_in(made);
+  printf("apart: after 16 MiB freed in created arena %u, a round from arena 0 mapped %zu KiB more\n", made, grew / 1024);
+  CHECK(grew >= 8 * 1024 * 1024, "a created arena lent its memory: arena 0 mapped only %zu KiB more", grew / 1024);
+}
+
+/* ---- dirty_first: a span is taken from resident (dirty) memory before purged memory is faulted in again ---- */
+enum { SLOT = 64 * 1024 };
+static size_t resident_pages(const void *p, size_t len, size_t *total) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = len / pg, in = 0;
+  static unsigned char vec[2 * 1024 * 1024 / 4096];
+  REQUIRE(n <= sizeof vec && mincore((void *)p, len, vec) == 0, "mincore");
+  for (size_t i = 0; i < n; i++) in += vec[i] & 1;
+  *total = n;
+  return in;
+}
+/* A purged span of exactly the size asked (best fit) against a larger dirty one: the dirty one serves, so the block is
+ * resident before it is written. */
+static void case_dirty_first(void) {
+  M_free(M_malloc(16));
+  uint8_t *a = M_malloc(20 * SLOT), *pad = M_malloc(5 * SLOT), *c = M_malloc(30 * SLOT);
+  REQUIRE(a && pad && c, "large blocks");
+  mt_fill(a, 20 * SLOT, 1);
+  mt_fill(c, 30 * SLOT, 2);
+  M_free(a);
+  REQUIRE(MT_CTL("arena.0.purge", NULL, NULL, NULL, 0) == 0, "arena.0.purge");   /* a's span: purged, 20 slots */
+  M_free(c);                                                                       /* c's: dirty, 30 slots */
+  uint8_t *x = M_malloc(20 * SLOT);
+  REQUIRE(x, "malloc(20 slots)");
+  size_t total, in = resident_pages(x, 20 * SLOT, &total);
+  printf("dirty_first: a 20-slot block after a purged 20-slot span and a dirty 30-slot one: %zu of %zu pages resident "
+         "(%s)\n", in, total, x == c ? "the dirty span" : x == a ? "the purged span" : "elsewhere");
+  CHECK(in * 10 >= total * 9, "the block came from memory not resident (%zu of %zu pages): purged before dirty", in, total);
+  M_free(x);
+  M_free(pad);
+}
+
 int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "busy";
   if (!strcmp(c, "busy")) case_busy();
   else if (!strcmp(c, "idle")) case_idle();
-  else REQUIRE(0, "unknown case %s (busy, idle)", c);
+  else if (!strcmp(c, "borrow")) case_borrow();
+  else if (!strcmp(c, "apart")) case_apart();
+  else if (!strcmp(c, "dirty_first")) case_dirty_first();
+  else REQUIRE(0, "unknown case %s (busy, idle, borrow, apart, dirty_first)", c);
   return mt_result("reclaim");
 }
