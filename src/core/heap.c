@@ -435,6 +435,23 @@ void mld_heap_collect(heap_t *h, bool force) {
 /* ---- the slow path ---- */
 #define SWEEP_LIMIT 8    /* full pages checked for remote frees per refill: bounds the slow path */
 
+/* Slots of a new page of class c: the class's page size (slab_sizes), except for the heap's first page of the class
+ * (none of it on its lists), which gets the fewest slots that hold a block (in the secure variant, besides the guard
+ * page any page may end in). A class used once or twice — mstress's rare 40-256 KiB blocks — then pins a page of
+ * its block's size, not 4 to 8 blocks' worth, which a span reused from dirty memory keeps resident whole; a class
+ * in steady use gets full-size pages from its second page on. */
+static unsigned new_page_slots(const heap_t *h, unsigned c) {
+  unsigned slots = mld_opt.page_slots[c];
+  if (slots == 1 || h->avail[c].head || h->full[c].head) return slots;
+#ifdef MALLARD_SECURE
+  size_t need = (size_t)mld_class_size[c] + mld_os_page();
+#else
+  size_t need = mld_class_size[c];
+#endif
+  size_t first = (need + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
+  return first < slots ? (unsigned)first : slots;
+}
+
 static page_t *heap_new_page(heap_t *h, unsigned c) {
   arena_t *a = mld_heap_arena(h);
   page_t *pg;
@@ -449,13 +466,14 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
     }
     park(h, c, pg);
   }
-  if ((pg = cache_take(h, mld_opt.page_slots[c])) != NULL) {
+  unsigned slots = new_page_slots(h, c);
+  if ((pg = cache_take(h, slots)) != NULL) {
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
     h->stats.cls[c].npages_cached++;
   } else {
     bool zero;
-    pg = mld_arena_alloc_span_kind(a, mld_opt.page_slots[c], PAGE_SMALL, &zero);
+    pg = mld_arena_alloc_span_kind(a, slots, PAGE_SMALL, &zero);
     if (!pg) return NULL;
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;

@@ -223,6 +223,18 @@ static inline long mt_wait_rss(long limit, double secs) {
 /* "Back near the start": 10% of the starting RSS plus `slack_kb`. */
 static inline long mt_rss_limit(long rss0, long slack_kb) { return rss0 + rss0 / 10 + slack_kb; }
 
+/* mallard_ctl reads of one type: the name must exist and answer with exactly that size. */
+#define MT_CTL_READER(fn, T)                                                                      \
+  static inline T fn(const char *name) {                                                          \
+    T v = 0;                                                                                      \
+    size_t len = sizeof v;                                                                        \
+    REQUIRE(MT_CTL(name, &v, &len, NULL, 0) == 0 && len == sizeof v, "mallard_ctl(%s)", name);    \
+    return v;                                                                                     \
+  }
+MT_CTL_READER(mt_ctl_size, size_t)
+MT_CTL_READER(mt_ctl_u64, uint64_t)
+MT_CTL_READER(mt_ctl_unsigned, unsigned)
+
 /* Heaps attached to arenas (live threads' heaps), summed over the arenas. */
 static inline unsigned mt_live_heaps(void) {
   unsigned n = 0, total = 0;

@@ -4,7 +4,8 @@
  * `idle` (dirty_decay_ms:10000: a sweep at the decay delay would come 8.75 s late). `borrow` (narenas:2,
  * dirty_decay_ms:10000): memory one automatic arena holds freed and resident is reused by a thread of another before it
  * maps more (arena.c borrow_dirty); `apart` (the same options): an arena made by arenas.create keeps its own;
- * `dirty_first` (the same): a span is cut from resident memory before purged memory is faulted in again. Built for ThreadSanitizer too. */
+ * `dirty_first` (the same): a span is cut from resident memory before purged memory is faulted in again;
+ * `first_page`: a heap's first page of a medium class is about one block's size, not the class's 1 MiB. Built for ThreadSanitizer too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <sys/mman.h>
@@ -14,16 +15,11 @@ enum { NBLOCKS = 10000, SIZE = 1000 };   /* ~10 MB in 64 KiB pages of 1 KiB bloc
 
 static uint8_t *blocks[NBLOCKS];
 
-static size_t ctl_size(const char *name) {
-  size_t v = 0, len = sizeof v;
-  REQUIRE(MT_CTL(name, &v, &len, NULL, 0) == 0 && len == sizeof v, "mallard_ctl(%s)", name);
-  return v;
-}
 static size_t active(void) {
   uint64_t epoch = 1;
   size_t len = sizeof epoch;
   MT_CTL("epoch", &epoch, &len, &epoch, sizeof epoch);   /* refreshed statistics where the build caches them */
-  return ctl_size("stats.active");
+  return mt_ctl_size("stats.active");
 }
 
 static void alloc_blocks(void) {
@@ -98,17 +94,11 @@ static void case_idle(void) {
 /* ---- borrow: dirty spans of one automatic arena serve a thread of another ---- */
 enum { NLARGE = 32, LARGE = 512 * 1024 };   /* 16 MiB of large blocks: four segments and more */
 
-static unsigned arena_of_thread(void) {
-  unsigned a = 0;
-  size_t len = sizeof a;
-  REQUIRE(MT_CTL("thread.arena", &a, &len, NULL, 0) == 0 && len == sizeof a, "thread.arena");
-  return a;
-}
 static size_t mapped(void) {
   uint64_t epoch = 1;
   size_t len = sizeof epoch;
   MT_CTL("epoch", &epoch, &len, &epoch, sizeof epoch);
-  return ctl_size("stats.mapped");
+  return mt_ctl_size("stats.mapped");
 }
 /* Allocate NLARGE large blocks, write every byte of them (resident), free them all. */
 static void large_round(uint64_t seed) {
@@ -135,7 +125,7 @@ static size_t mapped_after_round_in(unsigned idx) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, round_in_arena, &idx) == 0, "pthread_create");
   REQUIRE(pthread_join(t, NULL) == 0, "pthread_join");
-  REQUIRE(arena_of_thread() == 0, "the main thread left arena 0 (%u)", arena_of_thread());
+  REQUIRE(mt_ctl_unsigned("thread.arena") == 0, "the main thread left arena 0 (%u)", mt_ctl_unsigned("thread.arena"));
   size_t before = mapped();
   large_round(2000);
   size_t after = mapped();
@@ -195,6 +185,30 @@ static void case_dirty_first(void) {
   M_free(pad);
 }
 
+/* ---- first_page: a heap's first page of a medium class holds about one block, its next ones the class's page ---- */
+static void case_first_page(void) {
+  enum { BIG = 200 * 1024 };   /* the 224 KiB class: 1 MiB pages (slab_sizes), 4 slots hold one block */
+  M_free(M_malloc(16));
+  size_t before = active();
+  uint8_t *a = M_malloc(BIG);
+  REQUIRE(a, "malloc(%d)", BIG);
+  size_t one = active() - before;
+  uint8_t *b = M_malloc(BIG), *c = M_malloc(BIG);
+  REQUIRE(b && c, "malloc(%d)", BIG);
+  size_t three = active() - before;
+  mt_fill(a, BIG, 1);
+  mt_fill(b, BIG, 2);
+  mt_fill(c, BIG, 3);
+  CHECK(mt_verify(a, BIG, 1) == BIG && mt_verify(b, BIG, 2) == BIG && mt_verify(c, BIG, 3) == BIG, "blocks damaged");
+  printf("first_page: one %d-byte block made %zu KiB active, three %zu KiB\n", BIG, one / 1024, three / 1024);
+  CHECK(one <= 320 * 1024, "the first block of a medium class took a %zu KiB page", one / 1024);
+  CHECK(three >= 1024 * 1024, "later pages of the class are not the class's page size: %zu KiB for three blocks",
+        three / 1024);
+  M_free(a);
+  M_free(b);
+  M_free(c);
+}
+
 int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "busy";
   if (!strcmp(c, "busy")) case_busy();
@@ -202,6 +216,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(c, "borrow")) case_borrow();
   else if (!strcmp(c, "apart")) case_apart();
   else if (!strcmp(c, "dirty_first")) case_dirty_first();
-  else REQUIRE(0, "unknown case %s (busy, idle, borrow, apart, dirty_first)", c);
+  else if (!strcmp(c, "first_page")) case_first_page();
+  else REQUIRE(0, "unknown case %s (busy, idle, borrow, apart, dirty_first, first_page)", c);
   return mt_result("reclaim");
 }

@@ -13,24 +13,6 @@ enum { NBLOCKS = 3000 };
 typedef struct { uint8_t *p; size_t n; uint64_t tag; } blk_t;
 static blk_t blocks[NBLOCKS];
 
-static uint64_t ctl_u64(const char *name) {
-  uint64_t v = 0;
-  size_t len = sizeof v;
-  REQUIRE(MT_CTL(name, &v, &len, NULL, 0) == 0 && len == sizeof v, "mallard_ctl(%s)", name);
-  return v;
-}
-static size_t ctl_size(const char *name) {
-  size_t v = 0, len = sizeof v;
-  REQUIRE(MT_CTL(name, &v, &len, NULL, 0) == 0 && len == sizeof v, "mallard_ctl(%s)", name);
-  return v;
-}
-static unsigned ctl_unsigned(const char *name) {
-  unsigned v = 0;
-  size_t len = sizeof v;
-  REQUIRE(MT_CTL(name, &v, &len, NULL, 0) == 0 && len == sizeof v, "mallard_ctl(%s)", name);
-  return v;
-}
-
 static void run_thread(void *(*fn)(void *), void *arg) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, fn, arg) == 0, "pthread_create");
@@ -68,10 +50,10 @@ static void *successor(void *arg) {
   (void)arg;
   void *probe = M_malloc(100);   /* takes its heap: the orphan left by fill() */
   REQUIRE(probe, "malloc(100)");
-  allocated_in_successor = ctl_u64("thread.allocated");
-  uint64_t before = ctl_u64("stats.remote_frees");
+  allocated_in_successor = mt_ctl_u64("thread.allocated");
+  uint64_t before = mt_ctl_u64("stats.remote_frees");
   free_all();
-  remote_in_successor = ctl_u64("stats.remote_frees") - before;
+  remote_in_successor = mt_ctl_u64("stats.remote_frees") - before;
   M_free(probe);
   return NULL;
 }
@@ -99,7 +81,7 @@ static void *read_arena(void *arg) {
   (void)arg;
   void *p = M_malloc(64);
   REQUIRE(p, "malloc(64)");
-  arena_of_successor = ctl_unsigned("thread.arena");
+  arena_of_successor = mt_ctl_unsigned("thread.arena");
   M_free(p);
   return NULL;
 }
@@ -130,18 +112,18 @@ static void *late_freer(void *arg) {
 }
 static void case_unclaimed(void) {
   MT_COLLECT(true);
-  size_t active0 = ctl_size("stats.active");
+  size_t active0 = mt_ctl_size("stats.active");
   pthread_t f;
   REQUIRE(pthread_create(&f, NULL, late_freer, NULL) == 0, "pthread_create");
   while (!atomic_load(&ready)) usleep(1000);
   run_thread(fill, (void *)(uintptr_t)3);
-  size_t active1 = ctl_size("stats.active");
+  size_t active1 = mt_ctl_size("stats.active");
   atomic_store(&go, 1);
   pthread_join(f, NULL);
   size_t active = 0;
   double t0 = mt_now();
   while (mt_now() - t0 < 5) {
-    active = ctl_size("stats.active");
+    active = mt_ctl_size("stats.active");
     if (active <= active0 + 64 * 1024) break;
     usleep(20000);
   }

@@ -18,8 +18,11 @@
 enum { CONTROL, INTERIOR_BIT, NOT_LIVE, STRAY_LIVE_SMALL, STRAY_REMOTE_MEDIUM, UNCARVED_LINK };
 
 /* In the child: one block of `size` bytes on a fresh page; the last carved block other than it gets a stray bit
- * (live or remote: a bookkeeping error, no free makes it), then the block is freed and the page released. */
-static void stray_bit(size_t size, bool remote) {
+ * (live or remote: a bookkeeping error, no free makes it), then the block is freed and the page released. `warm`: a
+ * block of the class is taken first and kept, so that b is on a page of the class's size, not on the heap's first
+ * page of the class, which holds a single medium block (heap.c new_page_slots). */
+static void stray_bit(size_t size, bool remote, bool warm) {
+  if (warm) (void)mallard_malloc(size);
   uint8_t *b = mallard_malloc(size);
   page_t *pg = page_of(segment_of(b), b);
   uint8_t *last = page_start(pg) + (size_t)(pg->capacity - 1) * pg->block_size;
@@ -50,8 +53,8 @@ static void uncarved_link(void) {
 /* In the child: a block of a live page freed as another thread frees it (its remote bit, published), in one of
  * three states, then collected by its owner. */
 static void child(int which) {
-  if (which == STRAY_LIVE_SMALL) stray_bit(3000, false);        /* 3 KiB blocks: 5 carved, the last on word 12 */
-  if (which == STRAY_REMOTE_MEDIUM) stray_bit(200000, true);    /* a 1 MiB page of 4 blocks over 200 KiB */
+  if (which == STRAY_LIVE_SMALL) stray_bit(3000, false, false);   /* 3 KiB blocks: 5 carved, the last on word 12 */
+  if (which == STRAY_REMOTE_MEDIUM) stray_bit(200000, true, true);  /* a 1 MiB page of 4 blocks over 200 KiB */
   if (which == UNCARVED_LINK) uncarved_link();
   void *keep = mallard_malloc(40);   /* the page stays in use whatever happens to b */
   block_t *b = mallard_malloc(48);
