@@ -5,7 +5,8 @@
  * dirty_decay_ms:10000): memory one automatic arena holds freed and resident is reused by a thread of another before it
  * maps more (arena.c borrow_dirty); `apart` (the same options): an arena made by arenas.create keeps its own;
  * `dirty_first` (the same): a span is cut from resident memory before purged memory is faulted in again;
- * `first_page`: a heap's first page of a medium class is about one block's size, not the class's 1 MiB. Built for ThreadSanitizer too. */
+ * `first_page`: a heap's first page of a medium class is about one block's size, not the class's 1 MiB. Built for
+ * ThreadSanitizer too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <sys/mman.h>
