@@ -284,19 +284,19 @@ static page_t *span_fit(arena_t *a, unsigned use, size_t slots, bool *dirty) {
   return pg;
 }
 
-/* Another automatic arena holding a dirty span that fits, locked, or NULL (a's lock held; trylock only, so no lock
- * order between arenas is needed). Threads move between the automatic arenas as contention appears, so memory one of
+/* Another automatic arena holding a dirty span that fits, locked, with that span in *pg, or NULL (a's lock held;
+ * trylock only, so no lock order between arenas is needed). Threads move between the automatic arenas as contention appears, so memory one of
  * them freed would otherwise wait for its decay while another faults in fresh pages (mstress: a third more peak
  * RSS). The span stays its segment's arena's: it goes back there when freed. Arenas made by arenas.create neither
  * lend nor borrow: a thread bound to one keeps its memory apart. */
-static arena_t *borrow_dirty(arena_t *a, unsigned use, size_t slots) {
+static arena_t *borrow_dirty(arena_t *a, unsigned use, size_t slots, page_t **pg) {
   unsigned autos = mld_arenas_auto();
   if (a->index >= autos) return NULL;
   for (unsigned i = 1; i < autos; i++) {
     arena_t *b = mld_arenas[(a->index + i) % autos];
     if (pthread_mutex_trylock(&b->lock) != 0) continue;
     bool dirty;
-    if (b->dirty_slots >= slots && span_fit(b, use, slots, &dirty) && dirty) {
+    if (b->dirty_slots >= slots && (*pg = span_fit(b, use, slots, &dirty)) != NULL && dirty) {
       b->lock_stats.ops++;
       return b;
     }
@@ -317,13 +317,12 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   arena_lock(a);
   bool dirty;
   page_t *pg = span_fit(a, use, slots, &dirty);
-  if (!dirty) {
-    arena_t *b = borrow_dirty(a, use, slots);
-    if (b) {   /* from here on the span's arena is b: everything below (purge, protection) is done on it */
-      arena_unlock(a);
-      a = b;
-      pg = span_fit(a, use, slots, &dirty);
-    }
+  page_t *lent;
+  arena_t *b = dirty ? NULL : borrow_dirty(a, use, slots, &lent);
+  if (b) {   /* from here on the span's arena is b: everything below (purge, protection) is done on it */
+    arena_unlock(a);
+    a = b;
+    pg = lent;
   }
   if (!pg) {
     segment_t *seg = segment_new(a, use);

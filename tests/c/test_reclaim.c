@@ -16,12 +16,14 @@ enum { NBLOCKS = 10000, SIZE = 1000 };   /* ~10 MB in 64 KiB pages of 1 KiB bloc
 
 static uint8_t *blocks[NBLOCKS];
 
-static size_t active(void) {
+/* A size_t statistic, refreshed first where the build caches them. */
+static size_t stat_now(const char *name) {
   uint64_t epoch = 1;
   size_t len = sizeof epoch;
-  MT_CTL("epoch", &epoch, &len, &epoch, sizeof epoch);   /* refreshed statistics where the build caches them */
-  return mt_ctl_size("stats.active");
+  MT_CTL("epoch", &epoch, &len, &epoch, sizeof epoch);
+  return mt_ctl_size(name);
 }
+static size_t active(void) { return stat_now("stats.active"); }
 
 static void alloc_blocks(void) {
   for (int i = 0; i < NBLOCKS; i++) {
@@ -95,12 +97,7 @@ static void case_idle(void) {
 /* ---- borrow: dirty spans of one automatic arena serve a thread of another ---- */
 enum { NLARGE = 32, LARGE = 512 * 1024 };   /* 16 MiB of large blocks: four segments and more */
 
-static size_t mapped(void) {
-  uint64_t epoch = 1;
-  size_t len = sizeof epoch;
-  MT_CTL("epoch", &epoch, &len, &epoch, sizeof epoch);
-  return mt_ctl_size("stats.mapped");
-}
+static size_t mapped(void) { return stat_now("stats.mapped"); }
 /* Allocate NLARGE large blocks, write every byte of them (resident), free them all. */
 static void large_round(uint64_t seed) {
   static uint8_t *big[NLARGE];
@@ -133,9 +130,8 @@ static size_t mapped_after_round_in(unsigned idx) {
   return after > before ? after - before : 0;
 }
 static void two_arenas(void) {
-  unsigned n = 0;
-  size_t len = sizeof n;
-  REQUIRE(MT_CTL("arenas.narenas", &n, &len, NULL, 0) == 0 && n >= 2, "two automatic arenas (narenas:2): %u", n);
+  unsigned n = mt_ctl_unsigned("arenas.narenas");
+  REQUIRE(n >= 2, "two automatic arenas (narenas:2): %u", n);
   M_free(M_malloc(16));   /* the main thread's heap, on arena 0 */
 }
 static void case_borrow(void) {
@@ -147,9 +143,7 @@ static void case_borrow(void) {
 /* A created arena lends nothing: a thread bound to it keeps its memory apart (jemalloc's arenas.create). */
 static void case_apart(void) {
   two_arenas();
-  unsigned made = 0;
-  size_t len = sizeof made;
-  REQUIRE(MT_CTL("arenas.create", &made, &len, NULL, 0) == 0, "arenas.create");
+  unsigned made = mt_ctl_unsigned("arenas.create");
   size_t grew = mapped_after_round_in(made);
   printf("apart: after 16 MiB freed in created arena %u, a round from arena 0 mapped %zu KiB more\n", made, grew / 1024);
   CHECK(grew >= 8 * 1024 * 1024, "a created arena lent its memory: arena 0 mapped only %zu KiB more", grew / 1024);
