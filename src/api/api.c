@@ -129,23 +129,48 @@ static MLD_NOINLINE void owner_free_slow(void *p) {
   if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) retire(h, pg);   /* last write into the page */
 }
 
-/* free() of a block whose page is not the calling thread's: remote small frees, large, huge and invalid pointers. */
-static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *pg, void *p) {
+static inline void owner_free(heap_t *h, page_t *pg, void *p);
+
+/* free() of a block whose slot's descriptor does not name the calling thread's heap: a block past its own page's
+ * first slot (the owner's too), remote small frees, large, huge and invalid pointers. */
+static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *slot, void *p) {
   if (unlikely(seg->kind == SEG_HUGE)) {
     if (p == seg->user) mld_prof_forget(p);   /* sampled blocks are large or huge: their record goes first */
     mld_huge_free(mld_tls_heap, seg, p);   /* checks that p is the live block of the mapping */
-  } else if (likely(pg->kind == PAGE_SMALL)) {
+    mld_huge_cache_age();
+    return;
+  }
+  page_t *pg = slot - slot->offset;
+  heap_t *h = mld_tls_heap;
+  if (slot != pg && atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) {
+    owner_free(h, pg, p);   /* a page of several slots of our own: the owner's path */
+    return;
+  }
+  if (likely(pg->kind == PAGE_SMALL)) {
     if (unlikely(pg->junk_free)) junk_small(pg, p);   /* before the block is published to its owner */
     mld_free_remote(pg, p);
     return;
   } else if (pg->kind == PAGE_LARGE && p == pg->user) {
     mld_prof_forget(p);
-    mld_large_free(mld_tls_heap, pg, p);
+    mld_large_free(h, pg, p);
   } else {
     mld_report_invalid("free", p);
     return;
   }
   mld_huge_cache_age();
+}
+
+/* Owner free into pg, a small page of h: no atomic, no lock. */
+static inline void owner_free(heap_t *h, page_t *pg, void *p) {
+  if (unlikely(pg->owner_slow)) {        /* parked (a sweep may be at it: the locked path, heap.c) or junk:free */
+    owner_free_slow(p);                  /* p alone: the fast path keeps it in its argument register */
+    return;
+  }
+  mld_owner_push(h, pg, p);
+  /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to
+   * the page's published remote frees knows this free is done (heap.c sweep_unparked). Empty, and not the
+   * current page that may stay (heap.c: make_current): retired. */
+  if (unlikely(mld_used_release_dec(pg) == 0) && !pg->keep_on_empty) retire(h, pg);
 }
 
 static inline void dealloc(void *p) {
@@ -154,20 +179,13 @@ static inline void dealloc(void *p) {
     if (p) free_foreign(p, "free");
     return;
   }
-  page_t *pg = page_of(seg, p);
+  /* The block's slot's own descriptor, not page_of(): only a page's first descriptor ever names a heap
+   * (mld_span_set_used clears the others), so a match is our own small page with no dependent load of `offset`
+   * on the way (a block past its page's first slot goes through free_not_own). */
+  page_t *pg = slot_page(seg, p);
   heap_t *h = mld_tls_heap;
   if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
-    /* Owner free: no atomic, no lock. The heap field equals ours only for our own small pages. */
-    block_t *b = p;
-    if (unlikely(pg->owner_slow)) {        /* parked (a sweep may be at it: the locked path, heap.c) or junk:free */
-      owner_free_slow(p);                  /* p alone: the fast path keeps it in its argument register */
-      return;
-    }
-    mld_owner_push(h, pg, b);
-    /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to
-     * the page's published remote frees knows this free is done (heap.c sweep_unparked). Empty, and not the
-     * current page that may stay (heap.c: make_current): retired. */
-    if (unlikely(mld_used_release_dec(pg) == 0) && !pg->keep_on_empty) retire(h, pg);
+    owner_free(h, pg, p);
     return;
   }
   free_not_own(seg, pg, p);

@@ -447,6 +447,7 @@ page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
     abandoned_set_head(a, cls, pg->next);
     if (pg->next) pg->next->prev = NULL;
     pg->next = pg->prev = NULL;
+    pg->nfree_count = &h->stats.cls[cls].nfree;   /* with `heap`: the adopter's counter (page.c) */
     atomic_store_explicit(&pg->heap, h, memory_order_release);
   }
   arena_unlock(a);

@@ -105,6 +105,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t reserved;                     /* blocks that fit in the page */
   uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
+  uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap`: an owner free counts
+                                          * without loading size_class (one dependent load less on the fast path) */
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
@@ -137,8 +139,10 @@ static inline size_t mld_huge_header(void) { return mld_page_round(sizeof(segmen
 _Static_assert(sizeof(segment_t) <= MLD_OS_PAGE_MAX, "the huge header is at most one page of any size supported");
 
 static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }
+/* The descriptor of p's slot: its page's own for a block in the page's first slot. */
+static inline page_t *slot_page(segment_t *seg, const void *p) { return &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> MLD_SLOT_SHIFT]; }
 static inline page_t *page_of(segment_t *seg, const void *p) {
-  page_t *pg = &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> MLD_SLOT_SHIFT];
+  page_t *pg = slot_page(seg, p);
   return pg - pg->offset;
 }
 static inline uint8_t *page_start(const page_t *pg) {

@@ -290,10 +290,9 @@ static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
   blk_set_next(pg, b, pg->free);
   pg->free = b;
 #endif
+  (void)h;   /* pg's owner: pg->nfree_count is its counter of the class */
 #ifdef MALLARD_STATS
-  h->stats.cls[pg->size_class].nfree++;
-#else
-  (void)h;
+  (*pg->nfree_count)++;
 #endif
 }
 #endif

@@ -176,6 +176,19 @@ static void test_spans(void) {
   mld_arena_free_span(a, l);
   CHECK(free_spans(a, MLD_USABLE_SLOTS) == 1, "not whole again after shrink and free");
 
+  /* Only a page's first descriptor may name a heap: free() compares the block's slot's own descriptor with the
+   * thread's heap (api.c dealloc). A span made of slots whose descriptors named one has the others cleared. */
+  static heap_t stale;
+  page_t *m = mld_arena_alloc_span(a, 8, &zero);
+  REQUIRE(m, "alloc_span 8");
+  for (int i = 0; i < 8; i++) atomic_store_explicit(&m[i].heap, &stale, memory_order_relaxed);
+  mld_arena_free_span(a, m);
+  page_t *m2 = mld_arena_alloc_span(a, 8, &zero);
+  REQUIRE(m2 == m, "the same 8 slots again");
+  for (int i = 1; i < 8; i++)
+    CHECK(atomic_load_explicit(&m2[i].heap, memory_order_relaxed) == NULL, "slot %d of a new span names a heap", i);
+  mld_arena_free_span(a, m2);
+
   /* Purging everything: the segment is unmapped (retain:false) and leaves the ownership map. */
   pthread_mutex_lock(&a->lock);
   size_t bytes = mld_arena_purge(a, true);
