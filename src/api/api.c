@@ -183,6 +183,7 @@ static inline void dealloc(void *p) {
    * (mld_span_set_used clears the others), so a match is our own small page with no dependent load of `offset`
    * on the way (a block past its page's first slot goes through free_not_own). */
   page_t *pg = slot_page(seg, p);
+  mld_keep_in_register(pg);
   heap_t *h = mld_tls_heap;
   if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
     owner_free(h, pg, p);
