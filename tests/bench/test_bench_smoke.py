@@ -118,6 +118,16 @@ def test_bad_option_is_refused(bins):
     assert r.returncode == 2 and "-t" in r.stderr, r.stderr
 
 
+def test_fastpath_replace_mode_reports_its_figure_alone(bins):
+    """-m replace (larson's loop on one thread) reports ns_replace and nothing of the pair or remote modes."""
+    r = subprocess.run([str(bins / "mallard-bench-fastpath"), "-m", "replace", "-n", "20000"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    res = run_mod.parse_result(r.stdout)
+    assert res["ops"] == 20000 and res["ns_replace"] > 0, res
+    assert not [k for k in res if k.startswith("ns_pair") or k == "ns_remote_free"], res
+
+
 def test_strict_alignment_mode_fails_on_misalignment_only(bins):
     r = subprocess.run([str(bins / "mallard-bench-aligned"), "-n", "2000", "-m", "posix-strict"], capture_output=True,
                        text=True, timeout=60)
