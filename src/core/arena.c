@@ -181,7 +181,9 @@ void mld_span_set_used(page_t *pg, size_t n, uint8_t kind) {
   pg->kind = kind;
   pg->slot_count = (uint32_t)n;
   pg->offset = 0;
-  for (size_t i = 1; i < n; i++) {   /* every slot leads back to the first: page_of() is O(1) for interior pointers */
+  /* Every slot leads back to the first (page_of() is O(1) for interior pointers) and names no heap: the free fast
+   * path takes a slot's descriptor naming the thread's heap for the page itself (api.c dealloc). */
+  for (size_t i = 1; i < n; i++) {
     pg[i].offset = (uint32_t)i;
     pg[i].kind = kind;
     pg[i].slot_count = 0;
