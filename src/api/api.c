@@ -125,7 +125,7 @@ static MLD_NOINLINE void owner_free_slow(void *p) {
   if (pg->junk_free) junk_small(pg, p);
   if (pg->in_full) { mld_free_parked(p); return; }
   heap_t *h = mld_tls_heap;
-  mld_owner_push(h, pg, p);
+  mld_owner_push(pg, p);
   if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) retire(h, pg);   /* last write into the page */
 }
 
@@ -166,7 +166,7 @@ static inline void owner_free(heap_t *h, page_t *pg, void *p) {
     owner_free_slow(p);                  /* p alone: the fast path keeps it in its argument register */
     return;
   }
-  mld_owner_push(h, pg, p);
+  mld_owner_push(pg, p);
   /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to
    * the page's published remote frees knows this free is done (heap.c sweep_unparked). Empty, and not the
    * current page that may stay (heap.c: make_current): retired. */

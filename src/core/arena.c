@@ -287,9 +287,9 @@ static page_t *span_fit(arena_t *a, unsigned use, size_t slots, bool *dirty) {
 }
 
 /* Another automatic arena holding a dirty span that fits, locked, with that span in *pg, or NULL (a's lock held;
- * trylock only, so no lock order between arenas is needed). Threads move between the automatic arenas as contention appears, so memory one of
- * them freed would otherwise wait for its decay while another faults in fresh pages (mstress: a third more peak
- * RSS). The span stays its segment's arena's: it goes back there when freed. Arenas made by arenas.create neither
+ * trylock only, so no lock order between arenas is needed). Threads move between the automatic arenas as contention
+ * appears, so memory one of them freed would otherwise wait for its decay while another faults in fresh pages
+ * (mstress: a third more peak RSS). The span stays its segment's arena's: it goes back there when freed. Arenas made by arenas.create neither
  * lend nor borrow: a thread bound to one keeps its memory apart. */
 static arena_t *borrow_dirty(arena_t *a, unsigned use, size_t slots, page_t **pg) {
   unsigned autos = mld_arenas_auto();
@@ -449,8 +449,7 @@ page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h) {
     abandoned_set_head(a, cls, pg->next);
     if (pg->next) pg->next->prev = NULL;
     pg->next = pg->prev = NULL;
-    pg->nfree_count = &h->stats.cls[cls].nfree;   /* with `heap`: the adopter's counter (page.c) */
-    atomic_store_explicit(&pg->heap, h, memory_order_release);
+    mld_page_set_owner(pg, h);
   }
   arena_unlock(a);
   if (pg) MLD_RACE_WINDOW();   /* adopted: remote frees now go to its thread_free list again */

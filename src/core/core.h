@@ -105,8 +105,9 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t reserved;                     /* blocks that fit in the page */
   uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
-  uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap`: an owner free counts
-                                          * without loading size_class (one dependent load less on the fast path) */
+  uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap` (mld_page_set_owner):
+                                          * an owner free counts without loading size_class (one dependent load less
+                                          * on the fast path) */
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
@@ -253,6 +254,13 @@ typedef struct heap_s {
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
 } heap_t;
+
+/* h takes pg, a small page of class pg->size_class: its `nfree_count` goes with its `heap` (the owner's free counts
+ * through it), and `heap` last, with release: whoever reads it names h sees the page made ready. */
+static inline void mld_page_set_owner(page_t *pg, heap_t *h) {
+  pg->nfree_count = &h->stats.cls[pg->size_class].nfree;
+  atomic_store_explicit(&pg->heap, h, memory_order_release);
+}
 
 /* ---- arena ------------------------------------------------------------------------------------------- */
 typedef struct lock_stats_s { uint64_t ops, contended, wait_ns; } lock_stats_t;

@@ -626,7 +626,7 @@ void mld_free_parked(void *p) {
   block_t *b = p;
   MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting this page meanwhile */
   mld_spin_lock(&h->lock);
-  mld_owner_push(h, pg, b);
+  mld_owner_push(pg, b);
   pg->used--;
   mld_page_retire(h, pg);
   mld_spin_unlock(&h->lock);

@@ -29,8 +29,7 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
 #ifdef MALLARD_SECURE
   mld_secure_page_keys(pg);   /* used == 0: no block holds a link or a canary made with the old keys */
 #endif
-  pg->nfree_count = &h->stats.cls[cls].nfree;
-  atomic_store_explicit(&pg->heap, h, memory_order_release);
+  mld_page_set_owner(pg, h);
 }
 
 #ifdef MALLARD_SECURE

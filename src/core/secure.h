@@ -265,7 +265,7 @@ static inline void blk_set_next(const page_t *pg, block_t *b, block_t *n) { (voi
 /* The owner frees a block of its own page: the secure variant's checks, then a LIFO push on `free` (the block just
  * freed is the next one handed out, cache-warm; the secure variant puts it second) and the count. Shared by the
  * fast path (api.c) and the locked path into parked pages (heap.c). The caller decrements `used` and decides about retiring. */
-static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
+static inline void mld_owner_push(page_t *pg, block_t *b) {
 #ifdef MALLARD_SECURE
   /* Delayed reuse: the block goes in second place, so the next malloc of the class does not return the block
    * just freed (unless it is the page's only free block). Links are not bound to their place: head's stored
@@ -290,9 +290,8 @@ static inline void mld_owner_push(heap_t *h, page_t *pg, block_t *b) {
   blk_set_next(pg, b, pg->free);
   pg->free = b;
 #endif
-  (void)h;   /* pg's owner: pg->nfree_count is its counter of the class */
 #ifdef MALLARD_STATS
-  (*pg->nfree_count)++;
+  (*pg->nfree_count)++;   /* the owner's counter of the class (mld_page_set_owner) */
 #endif
 }
 #endif
