@@ -289,8 +289,8 @@ static page_t *span_fit(arena_t *a, unsigned use, size_t slots, bool *dirty) {
 /* Another automatic arena holding a dirty span that fits, locked, with that span in *pg, or NULL (a's lock held;
  * trylock only, so no lock order between arenas is needed). Threads move between the automatic arenas as contention
  * appears, so memory one of them freed would otherwise wait for its decay while another faults in fresh pages
- * (mstress: a third more peak RSS). The span stays its segment's arena's: it goes back there when freed. Arenas made by arenas.create neither
- * lend nor borrow: a thread bound to one keeps its memory apart. */
+ * (mstress: a third more peak RSS). The span stays its segment's arena's: it goes back there when freed. Arenas
+ * made by arenas.create neither lend nor borrow: a thread bound to one keeps its memory apart. */
 static arena_t *borrow_dirty(arena_t *a, unsigned use, size_t slots, page_t **pg) {
   unsigned autos = mld_arenas_auto();
   if (a->index >= autos) return NULL;
