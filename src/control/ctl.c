@@ -48,6 +48,7 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   /* The option as resolved at start-up (0: one per CPU); arenas.create adds arenas, not to the option. */
   if (!strcmp(n, "narenas")) READ(unsigned, mld_opt.narenas ? mld_opt.narenas : mld_auto_arenas);
   if (!strcmp(n, "dirty_decay_ms")) READ(long, mld_opt.dirty_decay_ms);
+  if (!strcmp(n, "dirty_decay_max_ms")) READ(long, mld_opt.dirty_decay_max_ms);
   if (!strcmp(n, "background_thread")) READ(bool, mld_opt.background_thread);
   if (!strcmp(n, "retain")) READ(bool, mld_opt.retain);
   if (!strcmp(n, "thp")) READ(const char *, mld_opt.thp < 0 ? "never" : thp_names[mld_opt.thp]);
@@ -135,6 +136,8 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     if (!strcmp(s, "curpages")) READ(uint64_t, cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0);
     return ENOENT;
   }
+  /* The decay in force: dirty_decay_ms, or longer while purged memory is faulted in again (arena.c). */
+  if (!strcmp(n, "dirty_decay_ms")) READ(long, mld_decay_current(mld_now_ms()));
   if (!strcmp(n, "remote_frees")) {   /* frees of blocks of another thread's page (the remote path) */
     heap_stats_t hs;
     mld_stats_sum(&hs);

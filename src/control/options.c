@@ -35,6 +35,7 @@ typedef struct opt_desc_s {
 static const opt_desc_t descs[] = {
   { "narenas", T_UINT, 0, MLD_MAX_ARENAS, "an integer 0..64 (0: one per CPU)" },
   { "dirty_decay_ms", T_LONG, -1, 86400000, "milliseconds -1..86400000 (-1: never purge, 0: at once)" },
+  { "dirty_decay_max_ms", T_LONG, 0, 86400000, "milliseconds 0..86400000 (at most dirty_decay_ms: never lengthened)" },
   { "background_thread", T_BOOL, 0, 1, "true or false" },
   { "retain", T_BOOL, 0, 1, "true or false" },
   { "thp", T_THP, 0, 3, "default, never, madvise or always" },
@@ -94,6 +95,7 @@ static void set_defaults(void) {
   mld_prof_options_defaults();
   mld_opt.narenas = 0;
   mld_opt.dirty_decay_ms = 1000;
+  mld_opt.dirty_decay_max_ms = 10000;
   mld_opt.background_thread = true;
   mld_opt.retain = false;
   mld_opt.thp = 0;
@@ -168,7 +170,7 @@ static void note_ignored(const char *k, size_t kl) {
 }
 
 static const char *const known_keys =
-    "narenas, dirty_decay_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
+    "narenas, dirty_decay_ms, dirty_decay_max_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
     "stats_print_opts, slab_sizes, page_cache, huge_cache_max, guard_slab_interval, secure_noaccess_min, "
     "large_quarantine, delayed_reuse, shuffle, junk, guard_sample, guard_slots, guard_action, prof, prof_active, "
     "prof_sample, prof_final, prof_leak, prof_prefix, prof_interval, prof_signal, prof_seed";
@@ -370,6 +372,10 @@ static bool apply_jemalloc_lg(const conf_src_t *src, const char *k, size_t kl, c
   return true;
 }
 
+/* Whether dirty_decay_ms and dirty_decay_max_ms were given: a decay given without a maximum is kept as given, never
+ * lengthened (jemalloc's meaning of the key); the default decay lengthens up to the default maximum. */
+static bool decay_set, decay_max_set;
+
 static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v, size_t vl) {
   if (src->jemalloc && apply_jemalloc_lg(src, k, kl, v, vl)) return;
   if (src->jemalloc) {
@@ -397,7 +403,13 @@ static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v
     ok = parse_long(v, vl, &x) && x >= d->lo && x <= d->hi;
     if (ok && d->type == T_UINT && d->name[0] == 'n') mld_opt.narenas = (unsigned)x;
     if (ok && d->type == T_UINT && d->name[0] == 'p') mld_opt.page_cache = (unsigned)x;
-    if (ok && d->type == T_LONG) mld_opt.dirty_decay_ms = x;
+    if (ok && d->type == T_LONG && !strcmp(d->name, "dirty_decay_ms")) {
+      mld_opt.dirty_decay_ms = x;
+      decay_set = true;
+    } else if (ok && d->type == T_LONG) {
+      mld_opt.dirty_decay_max_ms = x;
+      decay_max_set = true;
+    }
     break;
   case T_SIZE:
     ok = parse_size(v, vl, &x) && x >= d->lo && x <= d->hi;
@@ -570,6 +582,7 @@ static void parse_jemalloc_conf(const char *name, const char *text) {
 void mld_options_init(void) {
   set_defaults();
   bad_conf = false;
+  decay_set = decay_max_set = false;
   conf_src_t prog = { "mallard_conf", false, 0, false }, envsrc = { "MALLARD_CONF", false, 0, false };
 #ifdef MALLARD_OVERRIDE
   /* jemalloc's sources first (lowest priority): the program's malloc_conf, then MALLOC_CONF. */
@@ -581,6 +594,7 @@ void mld_options_init(void) {
   read_conf_file();
   const char *env = secure_getenv("MALLARD_CONF");
   if (env) parse_conf(&envsrc, env, strlen(env));
+  if (decay_set && !decay_max_set) mld_opt.dirty_decay_max_ms = mld_opt.dirty_decay_ms < 0 ? 0 : mld_opt.dirty_decay_ms;
 #ifdef MALLARD_SECURE
   mld_opt.owner_free_flags = (uint8_t)((MLD_ZERO_ON_FREE_ALWAYS || mld_opt.zero_on_free ? MLD_OWNER_FREE_WIPE : 0) |
                                        (mld_opt.delayed_reuse ? 0 : MLD_OWNER_FREE_FIRST));
@@ -615,9 +629,9 @@ size_t mld_options_format_of(const options_t *o, const prof_options_t *po, unsig
   snprintf(signame, sizeof signame, "%.*s", (int)sizeof po->signame, po->signame);
   snprintf(prefix, sizeof prefix, "%.*s", (int)sizeof po->prefix, po->prefix);
   if (len) buf[0] = 0;
-  put(&f, "narenas:%u,dirty_decay_ms:%ld,background_thread:%s,retain:%s,thp:%s,verbose:%s,zero_on_free:%s,"
-          "abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
-      o->narenas ? o->narenas : auto_arenas, o->dirty_decay_ms, tf(o->background_thread),
+  put(&f, "narenas:%u,dirty_decay_ms:%ld,dirty_decay_max_ms:%ld,background_thread:%s,retain:%s,thp:%s,verbose:%s,"
+          "zero_on_free:%s,abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
+      o->narenas ? o->narenas : auto_arenas, o->dirty_decay_ms, o->dirty_decay_max_ms, tf(o->background_thread),
       tf(o->retain), o->thp < 0 || o->thp > 2 ? "never" : thp_names[o->thp], tf(o->verbose),
       tf(o->zero_on_free), tf(o->abort_conf), tf(o->stats_print), spo);
   /* Runs of classes with the same page size, as LO-HI:SLOTS ranges of block sizes. */

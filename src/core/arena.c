@@ -240,6 +240,7 @@ static segment_t *segment_new(arena_t *a, unsigned use) {
   span_mark_free(pg, MLD_USABLE_SLOTS);
   pg->purged = 1;                          /* never touched: neither resident nor dirty */
   pg->zero = 1;
+  pg->dirty_since = 0;                     /* never purged either (decay_note_reuse) */
   seg->next = a->segments;
   if (a->segments) a->segments->prev = seg;
   a->segments = seg;
@@ -269,6 +270,52 @@ unsigned mld_arenas_auto(void) {
   unsigned cap = atomic_load_explicit(&mld_arena_cap, memory_order_relaxed);
   if (cap && autos > cap) autos = cap;
   return autos;
+}
+
+/* ---- the decay's length: lengthened while what it purged is faulted in again soon after ---- */
+
+static _Atomic(uint64_t) decay_ext_seen;   /* when the lengthened decay last spared or asked for memory, ms */
+
+/* A span is taken at `now` (lock held). Purged memory faulted in again soon after its purge: lengthen the decay so
+ * that an idle gap as long as this one (how long the span was dirty, then purged) no longer purges, with half of it
+ * again as a margin, up to dirty_decay_max_ms. Dirty memory older than the base decay: the lengthened decay has
+ * just spared a purge and its refault, so it stays. A bursty program (work, a pause of seconds, work again) then
+ * keeps its memory across pauses, as with a longer dirty_decay_ms, while one idle for longer still gives it back. */
+static void decay_note_refault(uint64_t purge_age, uint64_t since, uint64_t now) {
+  uint64_t idle = purge_age + since;   /* dirty for purge_age, then purged for `since` */
+  uint64_t want = idle + idle / 2;
+  if (want > (uint64_t)mld_opt.dirty_decay_max_ms) return;   /* idle for longer than the longest decay: rightly purged */
+  uint64_t cur = atomic_load_explicit(&mld_decay_ext_ms, memory_order_relaxed);
+  while (cur < want && !atomic_compare_exchange_weak_explicit(&mld_decay_ext_ms, &cur, want, memory_order_relaxed,
+                                                              memory_order_relaxed)) {}
+  atomic_store_explicit(&decay_ext_seen, now, memory_order_relaxed);
+}
+
+static bool decay_adapts(void) {
+  return mld_opt.dirty_decay_ms > 0 && mld_opt.dirty_decay_max_ms > mld_opt.dirty_decay_ms;
+}
+
+static void decay_note_reuse(const page_t *pg, uint64_t now) {
+  if (!decay_adapts() || !pg->dirty_since || now < pg->dirty_since) return;   /* 0: never purged by age */
+  uint64_t since = now - pg->dirty_since;
+  if (pg->purged) decay_note_refault(pg->purge_age, since, now);
+  else if (since > mld_base_age()) atomic_store_explicit(&decay_ext_seen, now, memory_order_relaxed);
+}
+
+/* A new segment is mapped at `now` (lock held) while the arena has unmapped segments by age: a refault as well. */
+static void decay_note_segment(arena_t *a, uint64_t now) {
+  if (!a->decay_unmapped || !decay_adapts()) return;
+  a->decay_unmapped--;
+  if (now >= a->decay_unmap_at) decay_note_refault(a->decay_unmap_age, now - a->decay_unmap_at, now);
+}
+
+/* The decay in force at `now`, in ms: a lengthened decay goes back to dirty_decay_ms once it has neither spared nor
+ * asked for memory for 4 of its own lengths (races with decay_note_reuse lose a lengthening at worst). */
+long mld_decay_current(uint64_t now) {
+  uint64_t e = atomic_load_explicit(&mld_decay_ext_ms, memory_order_relaxed);
+  uint64_t seen = atomic_load_explicit(&decay_ext_seen, memory_order_relaxed);
+  if (e && now > seen && now - seen > 4 * e) atomic_store_explicit(&mld_decay_ext_ms, 0, memory_order_relaxed);
+  return mld_decay_ms();
 }
 
 /* The smallest dirty span of a's lists for `use` with at least `slots` slots, else the smallest span (lock held):
@@ -326,10 +373,14 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
     a = b;
     pg = lent;
   }
+  uint64_t now = mld_now_ms();
   if (!pg) {
     segment_t *seg = segment_new(a, use);
     if (!seg) { arena_unlock(a); return NULL; }
     pg = &seg->pages[MLD_FIRST_SLOT];
+    decay_note_segment(a, now);
+  } else {
+    decay_note_reuse(pg, now);
   }
   span_remove(a, pg);
   size_t n = pg->slot_count;
@@ -339,6 +390,7 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
     rest->purged = pg->purged;
     rest->zero = pg->zero;
     rest->dirty_since = pg->dirty_since;
+    rest->purge_age = pg->purge_age;
     span_insert(a, rest);
   }
   *zero = pg->zero;
@@ -352,7 +404,7 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   uint64_t next_bit = 0;
   uint8_t *next_guard = kind == PAGE_SMALL && want == WANT_OPEN ? next_guard_plan(pg, &next_bit) : NULL;
 #endif
-  mld_arena_maybe_purge(a, mld_now_ms());
+  mld_arena_maybe_purge(a, now);
   arena_unlock(a);
 #ifdef MALLARD_SECURE
   if (next_guard) MLD_RACE_WINDOW();   /* its bit set, the page not closed yet: another thread may take the page */
@@ -378,13 +430,15 @@ page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero) {
   return mld_arena_alloc_span_kind(a, slots, PAGE_LARGE, zero);
 }
 
-/* Return a span and coalesce it with free neighbours in its segment; the result is dirty from `now`. */
+/* Return a span and coalesce it with dirty free neighbours in its segment; the result is dirty from `now`. Purged
+ * neighbours stay apart (they join at the next purge, coalesce_purged): a dirty span is then resident memory, so
+ * that dirty spans are reused first means no page faults, and `dirty` counts no purged memory. */
 static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
   size_t idx = slot_index(pg), n = pg->slot_count;
   bool zero = false;
   if (idx + n < MLD_SLOTS) {
     page_t *next = pg + n;
-    if (next->kind == PAGE_FREE && next->slot_count) {   /* a first slot of a free span */
+    if (next->kind == PAGE_FREE && next->slot_count && !next->purged) {   /* a first slot of a dirty free span */
       size_t m = next->slot_count;
       span_remove(a, next);
       next->slot_count = 0;
@@ -394,7 +448,7 @@ static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
   if (idx > MLD_FIRST_SLOT) {
     page_t *prev = pg - 1;
     prev -= prev->offset;
-    if (prev->kind == PAGE_FREE && prev->slot_count) {
+    if (prev->kind == PAGE_FREE && prev->slot_count && !prev->purged) {
       size_t m = prev->slot_count;
       span_remove(a, prev);
       pg->slot_count = 0;
@@ -512,6 +566,7 @@ bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
   bool ok = false;
   if (next->kind == PAGE_FREE && next->slot_count >= new_slots - n) {
     size_t m = next->slot_count;
+    decay_note_reuse(next, mld_now_ms());
     span_remove(a, next);
     if (m > new_slots - n) {
       page_t *rest = pg + new_slots;
@@ -519,6 +574,7 @@ bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
       rest->purged = next->purged;
       rest->zero = next->zero;
       rest->dirty_since = next->dirty_since;
+      rest->purge_age = next->purge_age;
       span_insert(a, rest);
     }
     next->slot_count = 0;
@@ -584,7 +640,7 @@ void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
 /* When the arena's pending reap is due (0: none asked). */
 static uint64_t reap_due(arena_t *a) {
   if (likely(!atomic_load_explicit(&a->reap_pending, memory_order_relaxed))) return 0;
-  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_purge_age();
+  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_base_age();
 }
 
 /* Reap and purge what is due (lock held); returns the bytes purged. */
@@ -596,11 +652,45 @@ size_t mld_arena_maybe_purge(arena_t *a, uint64_t now) {
   return 0;
 }
 
+/* Join the adjacent purged free spans of a segment (lock held); returns its one free span when that is all of it
+ * (purged). Purged spans take the later purge time of the two, and its age (decay_note_reuse). */
+static page_t *coalesce_purged(arena_t *a, segment_t *seg) {
+  for (size_t i = MLD_FIRST_SLOT; i < MLD_SLOTS;) {
+    page_t *pg = &seg->pages[i];
+    size_t n = pg->slot_count;   /* the first slot of a span (free or in use) holds its length */
+    if (!n) return NULL;         /* not a span's first slot: nothing to trust further on */
+    if (pg->kind == PAGE_FREE && pg->purged) {
+      page_t *next = pg + n;
+      if (i + n < MLD_SLOTS && next->kind == PAGE_FREE && next->purged && next->slot_count) {
+        span_remove(a, pg);
+        uint64_t since = pg->dirty_since, age = pg->purge_age;
+        while (i + n < MLD_SLOTS && next->kind == PAGE_FREE && next->purged && next->slot_count) {
+          if (next->dirty_since > since) { since = next->dirty_since; age = next->purge_age; }
+          size_t m = next->slot_count;
+          span_remove(a, next);
+          next->slot_count = 0;
+          n += m;
+          next = pg + n;
+        }
+        span_mark_free(pg, n);
+        pg->purged = 1;
+        pg->zero = 1;   /* purged memory reads back as zero */
+        pg->dirty_since = since;
+        pg->purge_age = age;
+        span_insert(a, pg);
+      }
+      if (n == MLD_USABLE_SLOTS) return pg;
+    }
+    i += n;
+  }
+  return NULL;
+}
+
 /* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
  * A span whose madvise fails stays dirty (its memory is neither released nor known to be zero) and is retried later. */
 size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t now = mld_now_ms();
-  uint64_t decay = mld_purge_age();
+  uint64_t decay = mld_age_of(mld_decay_current(now));
   size_t bytes = 0;
   uint64_t next_due = 0;
   mld_arena_reap_abandoned(a, now);
@@ -618,6 +708,8 @@ size_t mld_arena_purge(arena_t *a, bool all) {
               bytes += len;
               pg->purged = 1;
               pg->zero = 1;
+              pg->purge_age = now - pg->dirty_since;
+              pg->dirty_since = all ? 0 : now;   /* purged by age: when (decay_note_reuse); on request: 0 */
               a->dirty_slots -= n;
               a->purged_slots += n;
             } else if (!next_due || now + decay < next_due) {
@@ -627,10 +719,20 @@ size_t mld_arena_purge(arena_t *a, bool all) {
             next_due = pg->dirty_since + decay;
           }
         }
-        if (n == MLD_USABLE_SLOTS && pg->purged && !mld_opt.retain) mld_segment_release(a, segment_of(pg));
         pg = next;
       }
     }
+  }
+  for (segment_t *seg = a->segments, *nseg; seg; seg = nseg) {
+    nseg = seg->next;
+    page_t *whole = coalesce_purged(a, seg);
+    if (!whole || mld_opt.retain) continue;
+    if (whole->dirty_since) {   /* purged by age: a segment mapped again soon after is a refault (decay_note_segment) */
+      a->decay_unmap_at = whole->dirty_since;
+      a->decay_unmap_age = whole->purge_age;
+      if (a->decay_unmapped < MLD_USABLE_SLOTS) a->decay_unmapped++;
+    }
+    mld_segment_release(a, seg);
   }
   a->next_purge_ms = next_due;
   return bytes;

@@ -85,7 +85,10 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   union {
     struct {                             /* a large block or a free span */
       void *user;                        /* large block: the pointer handed out (checked on free) */
-      size_t large_size;                 /* large block: requested usable size */
+      union {
+        size_t large_size;               /* large block: requested usable size */
+        uint64_t purge_age;              /* purged free span: how long it had been dirty when purged, ms */
+      };
       uint64_t dirty_since;              /* free span: when it became dirty, ms */
     };
 #ifdef MALLARD_SECURE
@@ -281,6 +284,8 @@ typedef struct arena_s {
   uint64_t npurge_passes, nmadvise, purged_bytes_total;
   uint64_t nsegments_mapped, nsegments_unmapped;
   uint64_t large_active;                 /* bytes of large blocks in use */
+  uint64_t decay_unmap_at, decay_unmap_age;   /* the last segment unmapped by age: its purge time, its age then */
+  unsigned decay_unmapped;               /* segments unmapped by age and not yet mapped again (decay_note_segment) */
   _Atomic(int) reap_pending;             /* a remote free went to an abandoned page since the last reap */
   _Atomic(uint64_t) reap_since;          /* when that was asked, ms */
 } arena_t;
@@ -289,6 +294,7 @@ typedef struct arena_s {
 typedef struct options_s {
   unsigned narenas;                      /* 0: one per CPU */
   long dirty_decay_ms;                   /* delay before free memory is purged; -1: never, 0: at once */
+  long dirty_decay_max_ms;               /* the decay lengthens up to this while purged memory is faulted in again */
   bool background_thread;                /* a purging thread while dirty memory waits */
   bool retain;                           /* keep empty segments mapped (purged) instead of unmapping */
   int thp;                               /* 0 kernel default, 1 madvise (huge blocks), 2 always, -1 never */
@@ -337,12 +343,22 @@ static inline int mld_thp_advice(bool huge_block) {
   return mld_opt.thp == 2 || (mld_opt.thp == 1 && huge_block) ? 1 : mld_opt.thp < 0 ? -1 : 0;
 }
 
-/* Age at which dirty memory is purged: 7/8 of dirty_decay_ms, so that with the wake-up latency of the
- * purging thread and the time a large purge takes, memory is back within the decay delay, not just after. */
-static inline uint64_t mld_purge_age(void) {
+/* Age at which dirty memory of a decay of d ms is purged: 7/8 of d, so that with the wake-up latency of the purging
+ * thread and the time a large purge takes, memory is back within the decay delay, not just after. */
+static inline uint64_t mld_age_of(long d) { return d > 0 ? (uint64_t)(d - d / 8) : 0; }
+
+/* The decay as set (dirty_decay_ms): orphans, reaps and sweeps wait for it. */
+static inline uint64_t mld_base_age(void) { return mld_age_of(mld_opt.dirty_decay_ms); }
+
+/* The decay in force for dirty spans, cached huge mappings and the quarantine: dirty_decay_ms, lengthened (up to
+ * dirty_decay_max_ms) while memory it purged is faulted in again soon after (arena.c decay_note_reuse). */
+extern _Atomic(uint64_t) mld_decay_ext_ms MLD_HIDDEN;   /* the lengthened decay, ms; 0 or below the base: none */
+static inline long mld_decay_ms(void) {
   long d = mld_opt.dirty_decay_ms;
-  return d > 0 ? (uint64_t)(d - d / 8) : 0;
+  uint64_t e = atomic_load_explicit(&mld_decay_ext_ms, memory_order_relaxed);
+  return d > 0 && e > (uint64_t)d ? (long)e : d;
 }
+static inline uint64_t mld_purge_age(void) { return mld_age_of(mld_decay_ms()); }
 
 /* Age at which a sweep request is served (heap.c mld_heaps_sweep): pages whose blocks all came back, parked by an
  * owner that has not refilled for as long, go back to their arena, where any heap of the arena reuses them at once
@@ -351,7 +367,7 @@ static inline uint64_t mld_purge_age(void) {
  * period while the threads that freed them fill new ones. Orphans still wait the decay age. */
 #define MLD_SWEEP_AGE_MS 16
 static inline uint64_t mld_sweep_age(void) {
-  uint64_t a = mld_purge_age();
+  uint64_t a = mld_base_age();
   return a < MLD_SWEEP_AGE_MS ? a : MLD_SWEEP_AGE_MS;
 }
 
@@ -413,6 +429,7 @@ MLD_HIDDEN bool mld_arena_snapshot(unsigned index, arena_snapshot_t *s);        
 /* arena.c: decay */
 MLD_HIDDEN size_t mld_arena_maybe_purge(arena_t *a, uint64_t now);   /* lock held; returns bytes purged */
 MLD_HIDDEN size_t mld_arena_purge(arena_t *a, bool all);          /* lock held; returns bytes purged */
+MLD_HIDDEN long mld_decay_current(uint64_t now);                  /* the decay in force, ms (core.h mld_decay_ms) */
 MLD_HIDDEN uint64_t mld_arena_next_due(arena_t *a, bool *dirty);  /* takes the lock */
 
 /* background.c */

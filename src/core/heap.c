@@ -764,7 +764,7 @@ size_t mld_heaps_sweep(bool force) {
   }
   bool young = false;   /* orphans too young to abandon remain */
   /* Orphans wait the decay age, not the sweep age: a pool's next thread may take one over until then. */
-  for (heap_t *o; (o = take_stale_orphan(now, mld_purge_age(), force, &young)) != NULL;) mld_heap_abandon(o);
+  for (heap_t *o; (o = take_stale_orphan(now, mld_base_age(), force, &young)) != NULL;) mld_heap_abandon(o);
   mld_spin_lock(&mld_exit_heap.lock);
   if (mld_exit_heap.arena) {
     visit_pages(&mld_exit_heap, collect_page, true);

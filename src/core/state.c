@@ -3,6 +3,7 @@
  * defined here, at the bottom of its readers, so that no reader refers up to the layer that fills it. */
 #include "core/core.h"
 
+_Atomic(uint64_t) mld_decay_ext_ms;       /* the decay as lengthened (core.h mld_decay_ms); 0: not lengthened */
 options_t mld_opt;                       /* zero until control/options.c fills it in mld_options_init */
 _Atomic(int) mld_initialized;            /* 0: not yet, 1: in progress, 2: ready */
 pthread_key_t mld_heap_key;              /* the thread's heap, for its destructor (api/init.c creates the key) */

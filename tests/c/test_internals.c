@@ -151,13 +151,23 @@ static void test_spans(void) {
   CHECK(free_spans(a, 2) == 1 && SPANS(a, 2) == s1 + 10, "split remainder of 2 slots missing");
   mld_arena_free_span(a, s4);
   CHECK(free_spans(a, 12) == 1 && free_spans(a, 2) == 0, "re-merge into 12 slots");
-  /* Free the last used span: merges with both neighbours into the whole segment. */
+  /* Free the last used span: merges with its dirty neighbour, not with the untouched (purged) remainder: a dirty
+   * span is resident memory, and `dirty` counts nothing else. */
   mld_arena_free_span(a, s3);
+  CHECK(free_spans(a, 21) == 1 && SPANS(a, 21) == &seg->pages[MLD_FIRST_SLOT] && free_spans(a, rest) == 1,
+        "freed spans not coalesced into 21 dirty slots beside the %zu purged ones", rest);
+  CHECK(a->dirty_slots == 21 && a->purged_slots == rest, "dirty %zu, purged %zu slots", a->dirty_slots,
+        a->purged_slots);
+  /* Purged, the two join into the whole segment (kept mapped for what follows: retain). */
+  mld_opt.retain = true;
+  pthread_mutex_lock(&a->lock);
+  mld_arena_purge(a, true);
+  pthread_mutex_unlock(&a->lock);
   CHECK(free_spans(a, MLD_USABLE_SLOTS) == 1 && SPANS(a, MLD_USABLE_SLOTS) == &seg->pages[MLD_FIRST_SLOT],
-        "all spans free but not coalesced into one %d-slot span", MLD_USABLE_SLOTS);
-  CHECK(free_spans(a, 12) == 0 && free_spans(a, rest) == 0, "stale entries after full coalescing");
+        "all spans free and purged but not coalesced into one %d-slot span", MLD_USABLE_SLOTS);
+  CHECK(free_spans(a, 21) == 0 && free_spans(a, rest) == 0, "stale entries after full coalescing");
   CHECK(seg->free_slots == MLD_USABLE_SLOTS, "segment free_slots %u", seg->free_slots);
-  CHECK(a->dirty_slots + a->purged_slots == MLD_USABLE_SLOTS, "dirty %zu + purged %zu slots", a->dirty_slots,
+  CHECK(a->dirty_slots == 0 && a->purged_slots == MLD_USABLE_SLOTS, "dirty %zu, purged %zu slots", a->dirty_slots,
         a->purged_slots);
 
   /* Large-block resizing in place: grow into the following free span, shrink gives the tail back. */
@@ -170,11 +180,18 @@ static void test_spans(void) {
   mld_arena_free_span(a, wall);
   CHECK(mld_arena_grow_large(a, l, 6), "grow into a free 3+ slot neighbour failed");
   CHECK(l->slot_count == 6 && l->user == page_start(l) && (l + 5)->offset == 5, "grown span bookkeeping");
-  CHECK(free_spans(a, MLD_USABLE_SLOTS - 6) == 1, "remainder after growth not one span");
+  CHECK(free_spans(a, 1) == 1 && free_spans(a, MLD_USABLE_SLOTS - 7) == 1,
+        "after growth: not the wall's dirty last slot and the purged rest");
   mld_arena_shrink_large(a, l, 2);
-  CHECK(l->slot_count == 2 && free_spans(a, MLD_USABLE_SLOTS - 2) == 1, "shrink did not return the tail coalesced");
+  CHECK(l->slot_count == 2 && free_spans(a, 5) == 1 && free_spans(a, 1) == 0,
+        "shrink did not return the tail coalesced with the dirty slot");
   mld_arena_free_span(a, l);
-  CHECK(free_spans(a, MLD_USABLE_SLOTS) == 1, "not whole again after shrink and free");
+  CHECK(free_spans(a, 7) == 1 && free_spans(a, MLD_USABLE_SLOTS - 7) == 1, "not 7 dirty slots and the purged rest");
+  pthread_mutex_lock(&a->lock);
+  mld_arena_purge(a, true);
+  pthread_mutex_unlock(&a->lock);
+  mld_opt.retain = false;
+  CHECK(free_spans(a, MLD_USABLE_SLOTS) == 1 && a->nsegments == 1, "not whole again after shrink, free and purge");
 
   /* Only a page's first descriptor may name a heap: free() compares the block's slot's own descriptor with the
    * thread's heap (api.c dealloc). A span made of slots whose descriptors named one has the others cleared. */
