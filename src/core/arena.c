@@ -692,6 +692,7 @@ size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t now = mld_now_ms();
   uint64_t decay = mld_age_of(mld_decay_current(now));
   size_t bytes = 0;
+  segment_t *todo = NULL;   /* segments where this pass purged a span */
   uint64_t next_due = 0;
   mld_arena_reap_abandoned(a, now);
   a->npurge_passes++;
@@ -710,6 +711,12 @@ size_t mld_arena_purge(arena_t *a, bool all) {
               pg->zero = 1;
               pg->purge_age = now - pg->dirty_since;
               pg->dirty_since = all ? 0 : now;   /* purged by age: when (decay_note_reuse); on request: 0 */
+              segment_t *seg = segment_of(pg);
+              if (!seg->purged_listed) {   /* its purged spans join after the pass (coalesce_purged) */
+                seg->purged_listed = 1;
+                seg->purged_next = todo;
+                todo = seg;
+              }
               a->dirty_slots -= n;
               a->purged_slots += n;
             } else if (!next_due || now + decay < next_due) {
@@ -723,8 +730,9 @@ size_t mld_arena_purge(arena_t *a, bool all) {
       }
     }
   }
-  for (segment_t *seg = a->segments, *nseg; seg; seg = nseg) {
-    nseg = seg->next;
+  for (segment_t *seg = todo, *nseg; seg; seg = nseg) {
+    nseg = seg->purged_next;
+    seg->purged_listed = 0;
     page_t *whole = coalesce_purged(a, seg);
     if (!whole || mld_opt.retain) continue;
     if (whole->dirty_since) {   /* purged by age: a segment mapped again soon after is a refault (decay_note_segment) */

@@ -130,6 +130,8 @@ typedef struct segment_s {
    * slots that are PROT_NONE whole (large blocks' guard slots, freed large blocks). A bit may over-state the
    * protection (it costs one mprotect more) but never under-state it. */
   uint64_t prot_tail, prot_full;
+  struct segment_s *purged_next;         /* normal segment: next on a purge pass's list of segments it purged in */
+  uint8_t purged_listed;                 /* on that list (arena lock held) */
   page_t pages[MLD_SLOTS];
 } segment_t;
 
