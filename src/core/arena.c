@@ -219,6 +219,16 @@ static void span_remove(arena_t *a, page_t *pg) {
   segment_of(pg)->free_slots -= (uint32_t)n;
 }
 
+/* The free tail `rest` (n slots) of a split free span `from`: listed, in the state of `from` (lock held). */
+static void span_insert_rest(arena_t *a, page_t *rest, size_t n, const page_t *from) {
+  span_mark_free(rest, n);
+  rest->purged = from->purged;
+  rest->zero = from->zero;
+  rest->dirty_since = from->dirty_since;
+  rest->purge_age = from->purge_age;
+  span_insert(a, rest);
+}
+
 static segment_t *segment_new(arena_t *a, unsigned use) {
   segment_t *seg = mld_os_map_aligned(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE, mld_segment_hint(MLD_SEGMENT_SIZE, MLD_SEGMENT_SIZE));
   if (!seg) return NULL;
@@ -276,13 +286,12 @@ unsigned mld_arenas_auto(void) {
 
 static _Atomic(uint64_t) decay_ext_seen;   /* when the lengthened decay last spared or asked for memory, ms */
 
-/* A span is taken at `now` (lock held). Purged memory faulted in again soon after its purge: lengthen the decay so
- * that an idle gap as long as this one (how long the span was dirty, then purged) no longer purges, with half of it
- * again as a margin, up to dirty_decay_max_ms. Dirty memory older than the base decay: the lengthened decay has
- * just spared a purge and its refault, so it stays. A bursty program (work, a pause of seconds, work again) then
- * keeps its memory across pauses, as with a longer dirty_decay_ms, while one idle for longer still gives it back. */
+/* Memory purged by age faulted in again at `now`: lengthen the decay so that an idle gap as long as this one (dirty
+ * for purge_age, then purged for `since`) no longer purges, with half of it again as a margin, up to
+ * dirty_decay_max_ms. A bursty program (work, a pause of seconds, work again) then keeps its memory across pauses,
+ * as with a longer dirty_decay_ms, while one idle for longer still gives it back. */
 static void decay_note_refault(uint64_t purge_age, uint64_t since, uint64_t now) {
-  uint64_t idle = purge_age + since;   /* dirty for purge_age, then purged for `since` */
+  uint64_t idle = purge_age + since;
   uint64_t want = idle + idle / 2;
   if (want > (uint64_t)mld_opt.dirty_decay_max_ms) return;   /* idle for longer than the longest decay: rightly purged */
   uint64_t cur = atomic_load_explicit(&mld_decay_ext_ms, memory_order_relaxed);
@@ -295,6 +304,8 @@ static bool decay_adapts(void) {
   return mld_opt.dirty_decay_ms > 0 && mld_opt.dirty_decay_max_ms > mld_opt.dirty_decay_ms;
 }
 
+/* A free span is taken at `now` (lock held): purged, a refault; dirty and older than the base decay, the lengthened
+ * decay has just spared a purge and its refault, so it stays. */
 static void decay_note_reuse(const page_t *pg, uint64_t now) {
   if (!decay_adapts() || !pg->dirty_since || now < pg->dirty_since) return;   /* 0: never purged by age */
   uint64_t since = now - pg->dirty_since;
@@ -386,12 +397,7 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
   size_t n = pg->slot_count;
   if (n > slots) {
     page_t *rest = pg + slots;
-    span_mark_free(rest, n - slots);
-    rest->purged = pg->purged;
-    rest->zero = pg->zero;
-    rest->dirty_since = pg->dirty_since;
-    rest->purge_age = pg->purge_age;
-    span_insert(a, rest);
+    span_insert_rest(a, rest, n - slots, pg);
   }
   *zero = pg->zero;
   pg->purged = 0;
@@ -570,12 +576,7 @@ bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots) {
     span_remove(a, next);
     if (m > new_slots - n) {
       page_t *rest = pg + new_slots;
-      span_mark_free(rest, m - (new_slots - n));
-      rest->purged = next->purged;
-      rest->zero = next->zero;
-      rest->dirty_since = next->dirty_since;
-      rest->purge_age = next->purge_age;
-      span_insert(a, rest);
+      span_insert_rest(a, rest, m - (new_slots - n), next);
     }
     next->slot_count = 0;
     void *user = pg->user;
@@ -660,18 +661,17 @@ static page_t *coalesce_purged(arena_t *a, segment_t *seg) {
     size_t n = pg->slot_count;   /* the first slot of a span (free or in use) holds its length */
     if (!n) return NULL;         /* not a span's first slot: nothing to trust further on */
     if (pg->kind == PAGE_FREE && pg->purged) {
-      page_t *next = pg + n;
-      if (i + n < MLD_SLOTS && next->kind == PAGE_FREE && next->purged && next->slot_count) {
-        span_remove(a, pg);
-        uint64_t since = pg->dirty_since, age = pg->purge_age;
-        while (i + n < MLD_SLOTS && next->kind == PAGE_FREE && next->purged && next->slot_count) {
-          if (next->dirty_since > since) { since = next->dirty_since; age = next->purge_age; }
-          size_t m = next->slot_count;
-          span_remove(a, next);
-          next->slot_count = 0;
-          n += m;
-          next = pg + n;
-        }
+      size_t first = n;
+      uint64_t since = pg->dirty_since, age = pg->purge_age;
+      for (page_t *next; i + n < MLD_SLOTS && (next = pg + n)->kind == PAGE_FREE && next->purged && next->slot_count;) {
+        if (n == first) span_remove(a, pg);   /* relisted below at its new length */
+        if (next->dirty_since > since) { since = next->dirty_since; age = next->purge_age; }
+        size_t m = next->slot_count;
+        span_remove(a, next);
+        next->slot_count = 0;
+        n += m;
+      }
+      if (n != first) {
         span_mark_free(pg, n);
         pg->purged = 1;
         pg->zero = 1;   /* purged memory reads back as zero */
