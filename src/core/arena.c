@@ -285,6 +285,11 @@ unsigned mld_arenas_auto(void) {
 /* ---- the decay's length: lengthened while what it purged is faulted in again soon after ---- */
 
 static _Atomic(uint64_t) decay_ext_seen;   /* when the lengthened decay last spared or asked for memory, ms */
+/* Segments unmapped by age and not mapped again, process-wide like the decay: a thread moves to another automatic
+ * arena under contention (the purging thread holds its arena's lock while it purges), and the segment it maps there
+ * still refaults what its old arena unmapped. The last one's purge time and age then (decay_note_segment). */
+static _Atomic(unsigned) decay_unmapped;
+static _Atomic(uint64_t) decay_unmap_at, decay_unmap_age;
 
 /* Memory purged by age faulted in again at `now`: lengthen the decay so that an idle gap as long as this one (dirty
  * for purge_age, then purged for `since`) no longer purges, with half of it again as a margin, up to
@@ -313,11 +318,26 @@ static void decay_note_reuse(const page_t *pg, uint64_t now) {
   else if (since > mld_base_age()) atomic_store_explicit(&decay_ext_seen, now, memory_order_relaxed);
 }
 
-/* A new segment is mapped at `now` (lock held) while the arena has unmapped segments by age: a refault as well. */
-static void decay_note_segment(arena_t *a, uint64_t now) {
-  if (!a->decay_unmapped || !decay_adapts()) return;
-  a->decay_unmapped--;
-  if (now >= a->decay_unmap_at) decay_note_refault(a->decay_unmap_age, now - a->decay_unmap_at, now);
+/* A new segment is mapped at `now` while segments unmapped by age are missing: a refault as well. */
+static void decay_note_segment(uint64_t now) {
+  if (!decay_adapts()) return;
+  unsigned n = atomic_load_explicit(&decay_unmapped, memory_order_relaxed);
+  do {
+    if (!n) return;
+  } while (!atomic_compare_exchange_weak_explicit(&decay_unmapped, &n, n - 1, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  /* The time and age may come from two different unmaps racing: either is a segment purged by age, idle as long. */
+  uint64_t at = atomic_load_explicit(&decay_unmap_at, memory_order_relaxed);
+  if (now >= at) decay_note_refault(atomic_load_explicit(&decay_unmap_age, memory_order_relaxed), now - at, now);
+}
+
+/* A segment whose memory was purged by age at `at`, when `age` old, is unmapped. */
+static void decay_note_unmap(uint64_t at, uint64_t age) {
+  atomic_store_explicit(&decay_unmap_at, at, memory_order_relaxed);
+  atomic_store_explicit(&decay_unmap_age, age, memory_order_relaxed);
+  unsigned n = atomic_load_explicit(&decay_unmapped, memory_order_relaxed);
+  while (n < MLD_USABLE_SLOTS && !atomic_compare_exchange_weak_explicit(&decay_unmapped, &n, n + 1,
+                                                                        memory_order_relaxed, memory_order_relaxed)) {}
 }
 
 /* The decay in force at `now`, in ms: a lengthened decay goes back to dirty_decay_ms once it has neither spared nor
@@ -389,7 +409,7 @@ page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *
     segment_t *seg = segment_new(a, use);
     if (!seg) { arena_unlock(a); return NULL; }
     pg = &seg->pages[MLD_FIRST_SLOT];
-    decay_note_segment(a, now);
+    decay_note_segment(now);
   } else {
     decay_note_reuse(pg, now);
   }
@@ -735,11 +755,8 @@ size_t mld_arena_purge(arena_t *a, bool all) {
     seg->purged_listed = 0;
     page_t *whole = coalesce_purged(a, seg);
     if (!whole || mld_opt.retain) continue;
-    if (whole->dirty_since) {   /* purged by age: a segment mapped again soon after is a refault (decay_note_segment) */
-      a->decay_unmap_at = whole->dirty_since;
-      a->decay_unmap_age = whole->purge_age;
-      if (a->decay_unmapped < MLD_USABLE_SLOTS) a->decay_unmapped++;
-    }
+    /* purged by age: a segment mapped again soon after is a refault (decay_note_segment) */
+    if (whole->dirty_since) decay_note_unmap(whole->dirty_since, whole->purge_age);
     mld_segment_release(a, seg);
   }
   a->next_purge_ms = next_due;

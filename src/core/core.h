@@ -286,8 +286,6 @@ typedef struct arena_s {
   uint64_t npurge_passes, nmadvise, purged_bytes_total;
   uint64_t nsegments_mapped, nsegments_unmapped;
   uint64_t large_active;                 /* bytes of large blocks in use */
-  uint64_t decay_unmap_at, decay_unmap_age;   /* the last segment unmapped by age: its purge time, its age then */
-  unsigned decay_unmapped;               /* segments unmapped by age and not yet mapped again (decay_note_segment) */
   _Atomic(int) reap_pending;             /* a remote free went to an abandoned page since the last reap */
   _Atomic(uint64_t) reap_since;          /* when that was asked, ms */
 } arena_t;

@@ -6,7 +6,9 @@
  *   pinned     dirty_decay_ms:100 alone: the decay is as given (the maximum follows it), the same refault changes
  *              nothing and the memory freed again is purged within the base decay;
  *   forced     the same program, but purged by mallard_collect(true) instead of by age: no lengthening;
- *   resident   a dirty span freed beside a purged one stays apart: stats.dirty counts resident memory only.
+ *   resident   a dirty span freed beside a purged one stays apart: stats.dirty counts resident memory only;
+ *   moved      narenas:2: the memory is purged and unmapped in arena 0 and faulted in again by the same thread, now
+ *              in arena 1 (threads move between automatic arenas under contention): a refault all the same.
  * Large blocks (1 MiB: arena spans), the purging thread on (the default). */
 #include "mtest.h"
 #include <stdbool.h>
@@ -87,6 +89,25 @@ static void case_lengthen(void) {
   CHECK(decay_now() == 100, "decay still %ld ms %.2f s after the last reuse", decay_now(), mt_now() - t_reuse);
 }
 
+static void bind_arena(unsigned i) {
+  REQUIRE(MT_CTL("thread.arena", NULL, NULL, &i, sizeof i) == 0, "thread.arena = %u", i);
+}
+
+static void case_moved(void) {
+  CHECK(opt_long("opt.dirty_decay_max_ms") == 6000, "options");
+  bind_arena(0);
+  alloc_all(1);
+  free_all();
+  REQUIRE(wait_dirty_below(MiB, 5.0) >= 0, "8 MiB freed were not purged within 5 s");
+  usleep(1000 * 1000);
+  bind_arena(1);   /* no free span there: new segments, while arena 0's were unmapped by age */
+  alloc_all(100);
+  long d = decay_now();
+  printf("moved: decay after a refault in another arena 1 s after the purge: %ld ms\n", d);
+  CHECK(d >= 1500 && d <= 6000, "decay %ld ms after a refault in another arena (want 1500..6000)", d);
+  free_all();
+}
+
 static void case_pinned(void) {
   CHECK(opt_long("opt.dirty_decay_ms") == 100 && opt_long("opt.dirty_decay_max_ms") == 100,
         "a given dirty_decay_ms without a maximum: maximum %ld", opt_long("opt.dirty_decay_max_ms"));
@@ -123,11 +144,12 @@ static void case_resident(void) {
 }
 
 int main(int argc, char **argv) {
-  REQUIRE(argc == 2, "usage: %s lengthen|pinned|forced|resident", argv[0]);
+  REQUIRE(argc == 2, "usage: %s lengthen|pinned|forced|resident|moved", argv[0]);
   if (!strcmp(argv[1], "lengthen")) case_lengthen();
   else if (!strcmp(argv[1], "pinned")) case_pinned();
   else if (!strcmp(argv[1], "forced")) case_forced();
   else if (!strcmp(argv[1], "resident")) case_resident();
+  else if (!strcmp(argv[1], "moved")) case_moved();
   else REQUIRE(0, "unknown case %s", argv[1]);
   return mt_result(argv[1]);
 }
