@@ -111,15 +111,24 @@ static void zeroing(void) {
   M_free(big);
 }
 
-/* nallocx answers exactly what mallocx gives, and 0 when mallocx fails. */
+/* nallocx answers exactly what mallocx gives, and 0 when mallocx fails. A sampled guarded block (guard_sample: on by
+ * default in the secure variant; with 64 KiB pages a 9000-byte request can be one) is the documented exception: its
+ * usable size is exactly the request (docs/SECURITY.md), so only that is checked and written for it. */
 static void nallocx_agrees(void) {
   size_t sizes[] = { 1, 16, 17, 1000, 8192, 9000, 300000, 2u << 20, (2u << 20) + 1, 9u << 20 };
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     for (int la = 0; la <= 23; la += 1) {
       size_t n = X_nallocx(sizes[i], LG_ALIGN(la));
+      uint64_t samples = mt_ctl_u64("stats.guard.samples");
       void *p = X_mallocx(sizes[i], LG_ALIGN(la));
       REQUIRE(p, "mallocx(%zu, lg_align %d)", sizes[i], la);
-      CHECK(n == X_sallocx(p, 0), "nallocx(%zu, lg %d) = %zu, sallocx = %zu", sizes[i], la, n, X_sallocx(p, 0));
+      size_t got = X_sallocx(p, 0);
+      if (mt_ctl_u64("stats.guard.samples") != samples) {
+        CHECK(got == sizes[i] && n >= got, "sampled mallocx(%zu, lg %d): sallocx %zu, nallocx %zu", sizes[i], la, got, n);
+        n = got;
+      } else {
+        CHECK(n == got, "nallocx(%zu, lg %d) = %zu, sallocx = %zu", sizes[i], la, n, got);
+      }
       CHECK(((uintptr_t)p & (((uintptr_t)1 << la) - 1)) == 0, "mallocx(%zu, lg %d) = %p misaligned", sizes[i], la, p);
       opaque_memset(p, 1, n);   /* the whole answer of nallocx is writable (redis relies on it) */
       M_free(p);
