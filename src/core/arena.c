@@ -290,6 +290,7 @@ static _Atomic(uint64_t) decay_ext_seen;   /* when the lengthened decay last spa
  * still refaults what its old arena unmapped. The last one's purge time and age then (decay_note_segment). */
 static _Atomic(unsigned) decay_unmapped;
 static _Atomic(uint64_t) decay_unmap_at, decay_unmap_age;
+#define DECAY_UNMAPPED_MAX 1024u   /* a bound on that count only: past it, unmaps are not counted (no lengthening) */
 
 /* Memory purged by age faulted in again at `now`: lengthen the decay so that an idle gap as long as this one (dirty
  * for purge_age, then purged for `since`) no longer purges, with half of it again as a margin, up to
@@ -336,8 +337,8 @@ static void decay_note_unmap(uint64_t at, uint64_t age) {
   atomic_store_explicit(&decay_unmap_at, at, memory_order_relaxed);
   atomic_store_explicit(&decay_unmap_age, age, memory_order_relaxed);
   unsigned n = atomic_load_explicit(&decay_unmapped, memory_order_relaxed);
-  while (n < MLD_USABLE_SLOTS && !atomic_compare_exchange_weak_explicit(&decay_unmapped, &n, n + 1,
-                                                                        memory_order_relaxed, memory_order_relaxed)) {}
+  while (n < DECAY_UNMAPPED_MAX && !atomic_compare_exchange_weak_explicit(&decay_unmapped, &n, n + 1,
+                                                                          memory_order_relaxed, memory_order_relaxed)) {}
 }
 
 /* The decay in force at `now`, in ms: a lengthened decay goes back to dirty_decay_ms once it has neither spared nor
