@@ -234,6 +234,7 @@ static inline long mt_rss_limit(long rss0, long slack_kb) { return rss0 + rss0 /
 MT_CTL_READER(mt_ctl_size, size_t)
 MT_CTL_READER(mt_ctl_u64, uint64_t)
 MT_CTL_READER(mt_ctl_unsigned, unsigned)
+MT_CTL_READER(mt_ctl_long, long)
 
 /* Heaps attached to arenas (live threads' heaps), summed over the arenas. */
 static inline unsigned mt_live_heaps(void) {

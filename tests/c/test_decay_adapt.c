@@ -18,19 +18,7 @@
 
 static void *blk[NBLK];
 
-static long decay_now(void) {
-  long d = -5;
-  size_t len = sizeof d;
-  REQUIRE(MT_CTL("stats.dirty_decay_ms", &d, &len, NULL, 0) == 0 && len == sizeof d, "stats.dirty_decay_ms");
-  return d;
-}
-
-static long opt_long(const char *name) {
-  long d = -5;
-  size_t len = sizeof d;
-  REQUIRE(MT_CTL(name, &d, &len, NULL, 0) == 0 && len == sizeof d, "%s", name);
-  return d;
-}
+static long decay_now(void) { return mt_ctl_long("stats.dirty_decay_ms"); }
 
 static void alloc_all(uint64_t tag) {
   for (int i = 0; i < NBLK; i++) {
@@ -65,7 +53,7 @@ static void refault(unsigned gap_ms, bool force) {
 }
 
 static void case_lengthen(void) {
-  CHECK(opt_long("opt.dirty_decay_ms") == 100 && opt_long("opt.dirty_decay_max_ms") == 6000, "options");
+  CHECK(mt_ctl_long("opt.dirty_decay_ms") == 100 && mt_ctl_long("opt.dirty_decay_max_ms") == 6000, "options");
   CHECK(decay_now() == 100, "decay before any refault: %ld", decay_now());
   refault(1000, false);
   double t_reuse = mt_now();
@@ -94,7 +82,7 @@ static void bind_arena(unsigned i) {
 }
 
 static void case_moved(void) {
-  CHECK(opt_long("opt.dirty_decay_max_ms") == 6000, "options");
+  CHECK(mt_ctl_long("opt.dirty_decay_max_ms") == 6000, "options");
   bind_arena(0);
   alloc_all(1);
   free_all();
@@ -109,8 +97,8 @@ static void case_moved(void) {
 }
 
 static void case_pinned(void) {
-  CHECK(opt_long("opt.dirty_decay_ms") == 100 && opt_long("opt.dirty_decay_max_ms") == 100,
-        "a given dirty_decay_ms without a maximum: maximum %ld", opt_long("opt.dirty_decay_max_ms"));
+  CHECK(mt_ctl_long("opt.dirty_decay_ms") == 100 && mt_ctl_long("opt.dirty_decay_max_ms") == 100,
+        "a given dirty_decay_ms without a maximum: maximum %ld", mt_ctl_long("opt.dirty_decay_max_ms"));
   refault(1000, false);
   CHECK(decay_now() == 100, "pinned decay lengthened to %ld ms", decay_now());
   free_all();
