@@ -52,7 +52,30 @@ int mld_arena_create(void) {
 /* fork(): arena creation is not in progress while the child is made. */
 void mld_arenas_fork_prepare(void) { pthread_mutex_lock(&arenas_create_lock); }
 void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
-void mld_arenas_fork_child(void) { pthread_mutex_init(&arenas_create_lock, NULL); }
+static void span_insert(arena_t *a, page_t *pg);
+size_t mld_arenas_fork_relisted;
+
+/* A span that a thread of the parent was purging without the lock (mld_arena_purge) is listed again, dirty: whether
+ * its madvise ran is unknown, and dirty (not known to be zero) is true either way. */
+void mld_arenas_fork_child(void) {
+  pthread_mutex_init(&arenas_create_lock, NULL);
+  unsigned n = atomic_load(&mld_narenas);
+  uint64_t now = mld_now_ms();
+  for (unsigned i = 0; i < n; i++) {
+    arena_t *a = mld_arenas[i];
+    for (page_t *pg = a->purging, *next; pg; pg = next) {
+      next = pg->next;
+      pg->kind = PAGE_FREE;
+      pg->purged = 0;
+      pg->zero = 0;
+      pg->dirty_since = now;
+      span_insert(a, pg);
+      mld_arenas_fork_relisted++;
+      if (!a->next_purge_ms || a->next_purge_ms > now + mld_purge_age()) a->next_purge_ms = now + mld_purge_age();
+    }
+    a->purging = NULL;
+  }
+}
 
 static void free_span_locked(arena_t *a, page_t *pg, uint64_t now);
 
@@ -111,8 +134,9 @@ static uint8_t *next_guard_plan(page_t *pg, uint64_t *bit) {
   if (!g || g == slot_index(pg) + s) return NULL;
   *bit = 1ull << (g - 1);
   const page_t *first = &seg->pages[g - s];   /* the first slot of the guarded page's place */
-  bool in_use = first->kind != PAGE_FREE && first->slot_count;   /* a free span's inner slots have slot_count 0
-                                                                  * or kind PAGE_FREE (span_mark_free, coalescing) */
+  /* a free span's inner slots have slot_count 0 or kind PAGE_FREE (span_mark_free, coalescing); a span being
+   * purged is free too (its guard page closed meanwhile is recorded, and madvise leaves the protection alone) */
+  bool in_use = first->kind != PAGE_FREE && first->kind != PAGE_PURGING && first->slot_count;
   if (in_use || ((seg->prot_tail | seg->prot_full) & *bit)) return NULL;
   seg->prot_tail |= *bit;
   return (uint8_t *)seg + (g << MLD_SLOT_SHIFT) - mld_os_page();
@@ -707,13 +731,17 @@ static page_t *coalesce_purged(arena_t *a, segment_t *seg) {
   return NULL;
 }
 
-/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free.
- * A span whose madvise fails stays dirty (its memory is neither released nor known to be zero) and is retried later. */
+/* Purge dirty spans older than the decay delay (all of them if `all`); unmap segments left entirely free. Lock held
+ * on entry and on return, released while madvise runs: the spans due are first taken out of the free lists and
+ * marked PAGE_PURGING (no thread takes, grows into or joins them; a.purging lists them for a fork child), then
+ * purged without the lock, then listed again, purged, and joined with their purged neighbours. A thread that needs
+ * the arena meanwhile does not wait for the system calls (nor move to another arena because it waited).
+ * A span whose madvise fails goes back dirty (its memory is neither released nor known to be zero), retried later. */
 size_t mld_arena_purge(arena_t *a, bool all) {
   uint64_t now = mld_now_ms();
   uint64_t decay = mld_age_of(mld_decay_current(now));
   size_t bytes = 0;
-  segment_t *todo = NULL;   /* segments where this pass purged a span */
+  page_t *batch = NULL;     /* the spans taken out by this pass (PAGE_PURGING), on a->purging */
   uint64_t next_due = 0;
   mld_arena_reap_abandoned(a, now);
   a->npurge_passes++;
@@ -721,36 +749,68 @@ size_t mld_arena_purge(arena_t *a, bool all) {
     for (size_t n = 1; n <= MLD_USABLE_SLOTS; n++) {
       for (page_t *pg = a->spans[use][n]; pg; ) {
         page_t *next = pg->next;
-        if (!pg->purged) {
-          if (all || now - pg->dirty_since >= decay) {
-            size_t len = n << MLD_SLOT_SHIFT;
-            a->nmadvise++;
-            if (mld_os_purge(page_start(pg), len)) {
-              a->purged_bytes_total += len;
-              bytes += len;
-              pg->purged = 1;
-              pg->zero = 1;
-              pg->purge_age = now - pg->dirty_since;
-              pg->dirty_since = all ? 0 : now;   /* purged by age: when (decay_note_reuse); on request: 0 */
-              segment_t *seg = segment_of(pg);
-              if (!seg->purged_listed) {   /* its purged spans join after the pass (coalesce_purged) */
-                seg->purged_listed = 1;
-                seg->purged_next = todo;
-                todo = seg;
-              }
-              a->dirty_slots -= n;
-              a->purged_slots += n;
-            } else if (!next_due || now + decay < next_due) {
-              next_due = now + (decay ? decay : 1);
-            }
-          } else if (!next_due || pg->dirty_since + decay < next_due) {
-            next_due = pg->dirty_since + decay;
-          }
+        if (pg->purged) break;   /* each list holds its dirty spans first */
+        if (all || now - pg->dirty_since >= decay) {
+          span_remove(a, pg);
+          pg->kind = PAGE_PURGING;   /* its last slot stays PAGE_FREE with slot_count 0: never a span's start */
+          pg->prev = NULL;
+          pg->next = a->purging;
+          if (a->purging) a->purging->prev = pg;
+          a->purging = pg;
+          if (!batch) batch = pg;    /* this pass's spans are the run from a->purging to `batch` (pushed in front) */
+        } else if (!next_due || pg->dirty_since + decay < next_due) {
+          next_due = pg->dirty_since + decay;
         }
         pg = next;
       }
     }
   }
+  a->next_purge_ms = next_due;   /* the spans left; a span freed while the lock is out brings its own deadline */
+  if (!batch) return 0;
+  page_t *first = a->purging;
+  arena_unlock(a);
+  /* No lock: the spans from `first` to `batch` are this pass's alone, and their links to each other too (another
+   * pass pushes its spans in front, or takes them out, as a run of its own). Their `zero` byte records the outcome:
+   * no other thread reads a PAGE_PURGING span's fields but its kind and slot_count. */
+  MLD_RACE_WINDOW();
+  size_t calls = 0;
+  for (page_t *pg = first;; pg = pg->next) {
+    pg->zero = mld_os_purge(page_start(pg), (size_t)pg->slot_count << MLD_SLOT_SHIFT);
+    calls++;
+    if (pg == batch) break;
+  }
+  arena_lock(a);
+  now = mld_now_ms();
+  a->nmadvise += calls;
+  uint64_t retry = 0;       /* when spans whose madvise failed are due again */
+  segment_t *todo = NULL;   /* segments where this pass purged a span */
+  for (page_t *pg = first, *nx;; pg = nx) {
+    bool last = pg == batch;
+    nx = pg->next;
+    if (pg->prev) pg->prev->next = pg->next; else a->purging = pg->next;
+    if (pg->next) pg->next->prev = pg->prev;
+    size_t n = pg->slot_count, len = n << MLD_SLOT_SHIFT;
+    pg->kind = PAGE_FREE;
+    if (pg->zero) {
+      a->purged_bytes_total += len;
+      bytes += len;
+      pg->purged = 1;
+      pg->purge_age = now - pg->dirty_since;
+      pg->dirty_since = all ? 0 : now;   /* purged by age: when (decay_note_reuse); on request: 0 */
+      segment_t *seg = segment_of(pg);
+      if (!seg->purged_listed) {   /* its purged spans join after the pass (coalesce_purged) */
+        seg->purged_listed = 1;
+        seg->purged_next = todo;
+        todo = seg;
+      }
+    } else {
+      pg->purged = 0;   /* still dirty since it was: due again one decay from now */
+      retry = now + (decay ? decay : 1);
+    }
+    span_insert(a, pg);
+    if (last) break;
+  }
+  if (retry && (!a->next_purge_ms || retry < a->next_purge_ms)) a->next_purge_ms = retry;
   for (segment_t *seg = todo, *nseg; seg; seg = nseg) {
     nseg = seg->purged_next;
     seg->purged_listed = 0;
@@ -760,7 +820,6 @@ size_t mld_arena_purge(arena_t *a, bool all) {
     if (whole->dirty_since) decay_note_unmap(whole->dirty_since, whole->purge_age);
     mld_segment_release(a, seg);
   }
-  a->next_purge_ms = next_due;
   return bytes;
 }
 

@@ -45,7 +45,9 @@
 /* ---- blocks, pages, segments ----------------------------------------------------------------------- */
 typedef struct block_s { struct block_s *next; } block_t;
 
-enum { PAGE_META = 0, PAGE_FREE = 1, PAGE_SMALL = 2, PAGE_LARGE = 3 };
+/* PAGE_PURGING: a free span's first slot while madvise runs on it without the arena lock (arena.c mld_arena_purge):
+ * out of the free lists, so that no thread takes it, grows into it or joins it. */
+enum { PAGE_META = 0, PAGE_FREE = 1, PAGE_SMALL = 2, PAGE_LARGE = 3, PAGE_PURGING = 4 };
 
 struct heap_s;
 struct arena_s;
@@ -283,6 +285,7 @@ typedef struct arena_s {
   size_t dirty_slots;                    /* slots in free spans not yet purged */
   size_t purged_slots;
   uint64_t next_purge_ms;                /* earliest time a dirty span is due */
+  page_t *purging;                       /* spans being purged without the lock (PAGE_PURGING; prev/next links) */
   uint64_t npurge_passes, nmadvise, purged_bytes_total;
   uint64_t nsegments_mapped, nsegments_unmapped;
   uint64_t large_active;                 /* bytes of large blocks in use */
@@ -414,6 +417,7 @@ MLD_HIDDEN bool mld_arena_grow_large(arena_t *a, page_t *pg, size_t new_slots);
 MLD_HIDDEN void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots);
 MLD_HIDDEN void mld_span_set_used(page_t *pg, size_t slots, uint8_t kind);
 MLD_HIDDEN void mld_arena_reap_abandoned(arena_t *a, uint64_t now);   /* lock held */
+MLD_HIDDEN extern size_t mld_arenas_fork_relisted;   /* spans a fork child listed again (being purged at the fork) */
 MLD_HIDDEN void mld_segment_release(arena_t *a, segment_t *seg);       /* lock held; segment entirely free */
 
 /* arena.c: an arena's counters as the report shows them (control/stats.c) */
