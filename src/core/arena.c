@@ -310,7 +310,7 @@ unsigned mld_arenas_auto(void) {
 
 static _Atomic(uint64_t) decay_ext_seen;   /* when the lengthened decay last spared or asked for memory, ms */
 /* Segments unmapped by age and not mapped again, process-wide like the decay: a thread moves to another automatic
- * arena under contention (the purging thread holds its arena's lock while it purges), and the segment it maps there
+ * arena under contention (its arena's lock is held by another thread), and the segment it maps there
  * still refaults what its old arena unmapped. The last one's purge time and age then (decay_note_segment). */
 static _Atomic(unsigned) decay_unmapped;
 static _Atomic(uint64_t) decay_unmap_at, decay_unmap_age;
@@ -779,7 +779,9 @@ size_t mld_arena_purge(arena_t *a, bool all) {
     calls++;
     if (pg == batch) break;
   }
+  bool contended = mld_tls_contended;
   arena_lock(a);
+  mld_tls_contended = contended;   /* waiting here says nothing of the thread's arena: it is not a reason to move */
   now = mld_now_ms();
   a->nmadvise += calls;
   uint64_t retry = 0;       /* when spans whose madvise failed are due again */

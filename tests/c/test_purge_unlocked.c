@@ -7,7 +7,9 @@
  *            counters must agree with its segments (no span left out, none PAGE_PURGING).
  *   fork   — a thread purges in a loop while the main thread forks: a child made while spans were out for purging
  *            must have them listed again (the fork handler; the parent's purging thread does not exist there), with
- *            consistent lists, and calloc must still read zero. The case fails if no child met a pass in flight. */
+ *            consistent lists, and calloc must still read zero. The case fails if no child met a pass in flight.
+ *   contended — a pass that waits for the lock again after its madvise calls must not mark its thread as having
+ *            waited for its arena (that moves the thread to another arena: heap.c mld_heap_arena). */
 #include "mtest.h"
 #include "core/core.h"
 #include <pthread.h>
@@ -179,11 +181,55 @@ static void test_fork(int forks) {
   printf("fork: %d children met a purge pass in flight\n", met);
 }
 
+/* Holds arena 0's lock 200 us at a time, until stopped. */
+static void *lock_holder(void *arg) {
+  arena_t *a = arg;
+  while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+    pthread_mutex_lock(&a->lock);
+    usleep(200);
+    pthread_mutex_unlock(&a->lock);
+    usleep(50);
+  }
+  return NULL;
+}
+
+static void test_contended(int tries) {
+  arena_t *a = mld_arena_get(0);
+  REQUIRE(a, "arena 0");
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, lock_holder, a) == 0, "create");
+  int waited = 0, marked = 0;
+  for (int i = 0; i < tries && waited < 20; i++) {
+    uint8_t *p[LIVE];
+    for (int k = 0; k < LIVE; k++) {
+      p[k] = M_malloc(3 * MLD_SLOT_SIZE);
+      REQUIRE(p[k], "malloc");
+      memset(mt_hide(p[k]), 0x5a, 3 * MLD_SLOT_SIZE);
+    }
+    for (int k = 0; k < LIVE; k++) M_free(p[k]);
+    pthread_mutex_lock(&a->lock);   /* taken plainly: only the pass's own second acquisition can mark the thread */
+    uint64_t before = a->lock_stats.contended;
+    mld_tls_contended = false;
+    mld_arena_purge(a, true);
+    bool again = a->lock_stats.contended != before, mark = mld_tls_contended;
+    pthread_mutex_unlock(&a->lock);
+    mld_tls_contended = false;
+    waited += again;
+    marked += again && mark;
+  }
+  atomic_store(&stop, 1);
+  pthread_join(t, NULL);
+  CHECK(waited > 0, "no pass waited for the lock again in %d tries: the case tested nothing", tries);
+  CHECK(marked == 0, "%d of %d passes that waited for the lock again marked their thread as contended", marked, waited);
+  printf("contended: %d passes waited for the lock after madvise\n", waited);
+}
+
 int main(int argc, char **argv) {
   const char *which = argc > 1 ? argv[1] : "stress";
   double secs = argc > 2 ? atof(argv[2]) : 2.0;
   if (!strcmp(which, "stress")) test_stress(secs);
   else if (!strcmp(which, "fork")) test_fork(argc > 2 ? atoi(argv[2]) : 400);
+  else if (!strcmp(which, "contended")) test_contended(argc > 2 ? atoi(argv[2]) : 2000);
   else REQUIRE(0, "unknown case %s", which);
   return mt_result("test_purge_unlocked");
 }
