@@ -52,11 +52,11 @@ int mld_arena_create(void) {
 /* fork(): arena creation is not in progress while the child is made. */
 void mld_arenas_fork_prepare(void) { pthread_mutex_lock(&arenas_create_lock); }
 void mld_arenas_fork_parent(void) { pthread_mutex_unlock(&arenas_create_lock); }
-static void span_insert(arena_t *a, page_t *pg);
+static void free_span_locked(arena_t *a, page_t *pg, uint64_t now);
 size_t mld_arenas_fork_relisted;
 
-/* A span that a thread of the parent was purging without the lock (mld_arena_purge) is listed again, dirty: whether
- * its madvise ran is unknown, and dirty (not known to be zero) is true either way. */
+/* A span that a thread of the parent was purging without the lock (mld_arena_purge) goes back as a freed span does,
+ * dirty: whether its madvise ran is unknown, and dirty (not known to be zero) is true either way. */
 void mld_arenas_fork_child(void) {
   pthread_mutex_init(&arenas_create_lock, NULL);
   unsigned n = atomic_load(&mld_narenas);
@@ -65,19 +65,12 @@ void mld_arenas_fork_child(void) {
     arena_t *a = mld_arenas[i];
     for (page_t *pg = a->purging, *next; pg; pg = next) {
       next = pg->next;
-      pg->kind = PAGE_FREE;
-      pg->purged = 0;
-      pg->zero = 0;
-      pg->dirty_since = now;
-      span_insert(a, pg);
+      free_span_locked(a, pg, now);
       mld_arenas_fork_relisted++;
-      if (!a->next_purge_ms || a->next_purge_ms > now + mld_purge_age()) a->next_purge_ms = now + mld_purge_age();
     }
     a->purging = NULL;
   }
 }
-
-static void free_span_locked(arena_t *a, page_t *pg, uint64_t now);
 
 /* ---- protection of slots (secure variant) ----
  * Guard slabs: the last OS page of some small pages is PROT_NONE, chosen by position (span_wants_guard), so that a

@@ -48,6 +48,13 @@ static void check_arena(arena_t *a, const char *when) {
         when, dirty, purged, a->dirty_slots, a->purged_slots);
 }
 
+/* Sampled bytes of a calloc'd block that are not zero (one per 64). */
+static size_t nonzero_samples(const uint8_t *p, size_t n) {
+  size_t nz = 0;
+  for (size_t i = 0; i < n; i += 64) nz += p[i] != 0;
+  return nz;
+}
+
 static void purge_arena0(void) {
   REQUIRE(MT_CTL("arena.0.purge", NULL, NULL, NULL, 0) == 0, "arena.0.purge");
 }
@@ -96,8 +103,7 @@ static void *worker(void *arg) {
     if (mt_rng_below(&r, 2)) {
       p = M_calloc(1, n);
       REQUIRE(p, "calloc(%zu)", n);
-      size_t nz = 0;
-      for (size_t i = 0; i < n; i += 64) nz += p[i] != 0;
+      size_t nz = nonzero_samples(p, n);
       CHECK(nz == 0, "calloc(%zu) returned %zu non-zero bytes", n, nz);
       if (nz) return NULL;
     } else {
@@ -131,17 +137,22 @@ static void test_stress(double secs) {
   CHECK(passes > 100, "only %llu purge passes ran", (unsigned long long)passes);
 }
 
-/* Touches and frees LIVE large blocks, then purges them, until stopped: most of its time is in madvise. */
+/* LIVE large blocks touched (resident) and freed: dirty spans for the next pass to purge. */
+static void dirty_spans(void) {
+  uint8_t *p[LIVE];
+  for (int k = 0; k < LIVE; k++) {
+    p[k] = M_malloc(3 * MLD_SLOT_SIZE);
+    REQUIRE(p[k], "malloc");
+    memset(mt_hide(p[k]), 0x5a, 3 * MLD_SLOT_SIZE);
+  }
+  for (int k = 0; k < LIVE; k++) M_free(p[k]);
+}
+
+/* Dirties and purges spans until stopped: most of its time is in madvise. */
 static void *churn_purge(void *arg) {
   (void)arg;
-  uint8_t *p[LIVE];
   while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-    for (int k = 0; k < LIVE; k++) {
-      p[k] = M_malloc(3 * MLD_SLOT_SIZE);
-      REQUIRE(p[k], "malloc");
-      memset(mt_hide(p[k]), 0x5a, 3 * MLD_SLOT_SIZE);
-    }
-    for (int k = 0; k < LIVE; k++) M_free(p[k]);
+    dirty_spans();
     purge_arena0();
   }
   return NULL;
@@ -161,10 +172,10 @@ static void test_fork(int forks) {
       int code = mld_arenas_fork_relisted ? 2 : 0;
       check_arena(a, "fork child");
       for (int k = 0; k < 2 * LIVE; k++) {
-        size_t n = 3 * MLD_SLOT_SIZE, nz = 0;
+        size_t n = 3 * MLD_SLOT_SIZE;
         uint8_t *p = M_calloc(1, n);
         if (!p) _exit(1);
-        for (size_t j = 0; j < n; j += 64) nz += p[j] != 0;
+        size_t nz = nonzero_samples(p, n);
         CHECK(nz == 0, "fork child: calloc(%zu) returned %zu non-zero bytes", n, nz);
       }
       _exit(atomic_load(&mt_failures) ? 1 : code);
@@ -200,13 +211,7 @@ static void test_contended(int tries) {
   REQUIRE(pthread_create(&t, NULL, lock_holder, a) == 0, "create");
   int waited = 0, marked = 0;
   for (int i = 0; i < tries && waited < 20; i++) {
-    uint8_t *p[LIVE];
-    for (int k = 0; k < LIVE; k++) {
-      p[k] = M_malloc(3 * MLD_SLOT_SIZE);
-      REQUIRE(p[k], "malloc");
-      memset(mt_hide(p[k]), 0x5a, 3 * MLD_SLOT_SIZE);
-    }
-    for (int k = 0; k < LIVE; k++) M_free(p[k]);
+    dirty_spans();
     pthread_mutex_lock(&a->lock);   /* taken plainly: only the pass's own second acquisition can mark the thread */
     uint64_t before = a->lock_stats.contended;
     mld_tls_contended = false;
