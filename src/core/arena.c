@@ -593,6 +593,9 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
         if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
+        /* A page handed over parked (heap.c hand_over): nobody holds a block of it; a large block carved from the
+         * span must not read as parked to its free (api.c dealloc would take the flagged detour). */
+        __atomic_store_n(&pg->in_full, 0, __ATOMIC_RELAXED);
         free_span_locked(a, pg, now);
       }
       pg = next;

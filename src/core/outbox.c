@@ -38,7 +38,7 @@ static inline void remote_notify(remote_notice_t n) {
     /* Into a parked page of an owner that has not refilled for MLD_HAND_OVER_IDLE_MS (larson's main thread, waiting
      * in pthread_join while its blocks are freed): a sweep soon, which hands such pages over (heap.c hand_over), not
      * one sweep age later, by when the threads freeing into them have filled new pages of their own. */
-    if (n.parked && n.owner && n.owner->live && !n.owner->orphan_ms) {   /* a hint: racy reads at worst mistime it */
+    if (n.parked && n.owner) {
       uint64_t last = atomic_load_explicit(&n.owner->last_slow_ms, memory_order_relaxed), now = mld_now_ms();
       if (last <= now && now - last >= MLD_HAND_OVER_IDLE_MS) { mld_sweep_want_soon(); return; }
     }
