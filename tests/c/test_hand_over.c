@@ -2,7 +2,8 @@
  * pages (heap.c hand_over): `adopt` checks that it happens and that the blocks stay intact whoever frees them; `race`
  * has owners that go idle for a few ms and then free their own blocks into pages being handed over meanwhile, while
  * other threads free the owners' blocks and allocate (adopting those pages). Every block carries a pattern checked
- * before it is freed. Built for ThreadSanitizer and the race-delay build too. */
+ * before it is freed; `reap` checks that such pages come back once their last blocks have. The multi-threaded cases are
+ * built for ThreadSanitizer and the race-delay build too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <unistd.h>
@@ -91,6 +92,60 @@ static int run_adopt(void) {
   pthread_join(t, NULL);
   printf("adopt: %llu pages handed over, %zu of %d new blocks in them\n", (unsigned long long)got, adopted, MINE);
   return mt_result("hand_over adopt");
+}
+
+/* ---- reap: pages handed over while blocks of them were still out come back as soon as those are freed ---- */
+static void *free_range(void *arg) {   /* frees ablk[start], [start + 2], ...; exits, which sends its outbox */
+  for (size_t i = (uintptr_t)arg; i < ABLOCKS; i += 2) {
+    size_t bad = mt_verify(ablk[i], ASIZE, i);
+    CHECK(bad == ASIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(ablk[i]));
+  }
+  return NULL;
+}
+
+static void *reap_owner(void *arg) {
+  (void)arg;
+  for (size_t i = 0; i < ABLOCKS; i++) {
+    ablk[i] = M_malloc(ASIZE);
+    REQUIRE(ablk[i], "malloc");
+    mt_fill(ablk[i], ASIZE, i);
+  }
+  astage_set(1);
+  astage_wait(2);   /* idle throughout: other threads free every block */
+  return NULL;
+}
+
+static int run_reap(void) {
+  size_t active0 = mt_ctl_size("stats.active");
+  pthread_t o, f;
+  REQUIRE(pthread_create(&o, NULL, reap_owner, NULL) == 0, "pthread_create");
+  astage_wait(1);
+  uint64_t before = handed();
+  REQUIRE(pthread_create(&f, NULL, free_range, (void *)(uintptr_t)0) == 0, "pthread_create");
+  pthread_join(f, NULL);
+  double end = mt_now() + 2.0;
+  while (handed() == before && mt_now() < end) {
+    void *p = M_malloc(4096);   /* an allocation's slow path starts the purging thread, which sweeps */
+    M_free(mt_hide(p));
+    usleep(1000);
+  }
+  uint64_t got = handed() - before;
+  REQUIRE(got > 0, "no page of the idle owner was handed over");
+  REQUIRE(pthread_create(&f, NULL, free_range, (void *)(uintptr_t)1) == 0, "pthread_create");
+  pthread_join(f, NULL);
+  /* Every block is back: the handed-over pages go back to their arena within the sweep age of the reap request
+   * (not the 10 s decay this test sets), the others by the owner's sweep. Allow 1 s and 1 MiB. */
+  size_t active = 0;
+  for (end = mt_now() + 1.0; mt_now() < end; usleep(2000))
+    if ((active = mt_ctl_size("stats.active")) <= active0 + (1 << 20)) break;
+  CHECK(active <= active0 + (1 << 20), "%llu pages handed over, every block freed: %zu KiB active 1 s later, %zu KiB before",
+        (unsigned long long)got, active >> 10, active0 >> 10);
+  astage_set(2);
+  pthread_join(o, NULL);
+  printf("reap: %llu pages handed over; %zu KiB active after the frees, %zu KiB before\n", (unsigned long long)got,
+         active >> 10, active0 >> 10);
+  return mt_result("hand_over reap");
 }
 
 /* ---- race ---- */
@@ -186,6 +241,7 @@ int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "adopt";
   if (!strcmp(what, "adopt")) return run_adopt();
   if (!strcmp(what, "race")) return run_race();
-  fprintf(stderr, "usage: %s adopt|race\n", argv[0]);
+  if (!strcmp(what, "reap")) return run_reap();
+  fprintf(stderr, "usage: %s adopt|race|reap\n", argv[0]);
   return 2;
 }
