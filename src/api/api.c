@@ -116,15 +116,18 @@ static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
   mld_huge_cache_age();
 }
 
-/* The owner frees into a page whose owner_slow is set (the fast path tests in_full and junk_free at once): the
+/* The owner frees into a page whose owner_slow was set (the fast path tests in_full and junk_free at once): the
  * block is filled under junk:free, then it goes to a parked page's locked path (heap.c), or as the fast path does.
- * in_full read 0 here stays 0 while this runs: the owner parks its pages under its own lock, and a sweep parks only
- * a page of which the owner holds no block (heap.c sweep_unparked), so not the page of the block being freed. */
-static MLD_NOINLINE void owner_free_slow(void *p) {
+ * in_full is read again, with acquire, then `heap`: a page parked when the fast path looked may
+ * have been handed to another heap since (heap.c sweep_parked), its in_full cleared by its adopter; its block is
+ * then a remote free. In_full read 0 with `heap` still ours stays so while this runs: only the owner parks a page
+ * of which it holds a block, and only a parked page is handed over. */
+static inline __attribute__((always_inline)) void owner_free_slow(void *p) {   /* in its two callers: one call */
   page_t *pg = page_of(segment_of(p), p);
   if (pg->junk_free) junk_small(pg, p);
-  if (pg->in_full) { mld_free_parked(p); return; }
+  if (__atomic_load_n(&pg->in_full, __ATOMIC_ACQUIRE)) { mld_free_parked(p); return; }
   heap_t *h = mld_tls_heap;
+  if (unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) != h)) { mld_free_remote(pg, p); return; }
   mld_owner_push(pg, p);
   if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) retire(h, pg);   /* last write into the page */
 }
@@ -142,8 +145,10 @@ static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *slot, void *p) {
   }
   page_t *pg = slot - slot->offset;
   heap_t *h = mld_tls_heap;
+  uint16_t slow = __atomic_load_n(&pg->owner_slow, __ATOMIC_ACQUIRE);   /* before `heap`: see dealloc */
   if (slot != pg && atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) {
-    owner_free(h, pg, p);   /* a page of several slots of our own: the owner's path */
+    if (slow) owner_free_slow(p);   /* a page of several slots of our own: the owner's paths */
+    else owner_free(h, pg, p);
     return;
   }
   if (likely(pg->kind == PAGE_SMALL)) {
@@ -160,12 +165,15 @@ static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *slot, void *p) {
   mld_huge_cache_age();
 }
 
-/* Owner free into pg, a small page of h: no atomic, no lock. */
+/* The slot's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: our page's slow path,
+ * or whatever free_not_own finds. */
+static MLD_NOINLINE void free_flagged(segment_t *seg, page_t *slot, void *p) {
+  if (atomic_load_explicit(&slot->heap, memory_order_relaxed) == mld_tls_heap) owner_free_slow(p);
+  else free_not_own(seg, slot, p);
+}
+
+/* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. */
 static inline void owner_free(heap_t *h, page_t *pg, void *p) {
-  if (unlikely(pg->owner_slow)) {        /* parked (a sweep may be at it: the locked path, heap.c) or junk:free */
-    owner_free_slow(p);                  /* p alone: the fast path keeps it in its argument register */
-    return;
-  }
   mld_owner_push(pg, p);
   /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to
    * the page's published remote frees knows this free is done (heap.c sweep_unparked). Empty, and not the
@@ -185,6 +193,14 @@ static inline void dealloc(void *p) {
   page_t *pg = slot_page(seg, p);
   mld_keep_in_register(pg);
   heap_t *h = mld_tls_heap;
+  /* owner_slow first, with acquire, then `heap`: a parked page of an idle owner may be handed to another heap
+   * (heap.c sweep_parked), whose adopter clears in_full only after `heap` names it. So owner_slow read 0 and `heap`
+   * read ours is our page, unparked, which only we can park: the unlocked push is safe. */
+  if (unlikely(mld_peek_acquire_u16(&pg->owner_slow))) {   /* parked (the locked path, heap.c) or junk:free */
+    free_flagged(seg, pg, p);
+    return;
+  }
+  mld_after_acquire_test();
   if (likely(atomic_load_explicit(&pg->heap, memory_order_relaxed) == h)) {
     owner_free(h, pg, p);
     return;

@@ -143,6 +143,11 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     mld_stats_sum(&hs);
     READ(uint64_t, hs.remote_frees);
   }
+  if (!strcmp(n, "pages_handed_over")) {   /* parked pages of idle threads given to other heaps (heap.c) */
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    READ(uint64_t, hs.pages_handed_over);
+  }
   mld_global_stats(&g);
   if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
   if (!strcmp(n, "active")) READ(size_t, g.active);

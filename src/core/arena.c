@@ -570,7 +570,7 @@ void mld_arena_abandon(arena_t *a, page_t *pg) {
 
 /* A remote free into a page whose owner exited (read before the block is published): ask for a reap, so that
  * the page goes back as soon as its blocks have, not at the next purge pass that happens to be due. Lock-free;
- * the purging thread (or the arena's next operation) reaps once the decay delay has passed since the request,
+ * the purging thread (or the arena's next operation) reaps once the sweep age has passed since the request,
  * so that a burst of such frees costs one reap. Notifies only when the request is new. */
 void mld_arena_want_reap(arena_t *a) {
   /* Our push, then this load; the reaper's clear, then its walk: one of the two sees the other (seq_cst). */
@@ -593,6 +593,9 @@ void mld_arena_reap_abandoned(arena_t *a, uint64_t now) {
         if (pg->prev) pg->prev->next = pg->next; else abandoned_set_head(a, c, pg->next);
         if (pg->next) pg->next->prev = pg->prev;
         pg->next = pg->prev = NULL;
+        /* A page handed over parked (heap.c hand_over): nobody holds a block of it; a large block carved from the
+         * span must not read as parked to its free (api.c dealloc would take the flagged detour). */
+        __atomic_store_n(&pg->in_full, 0, __ATOMIC_RELAXED);
         free_span_locked(a, pg, now);
       }
       pg = next;
@@ -676,10 +679,13 @@ void mld_arena_shrink_large(arena_t *a, page_t *pg, size_t new_slots) {
 
 /* ---- decay: dirty spans purged once old, abandoned pages reaped once asked for (arena lock held) ---- */
 
-/* When the arena's pending reap is due (0: none asked). */
+/* When the arena's pending reap is due (0: none asked): the sweep age after the request, as a sweep gives back an
+ * idle owner's emptied parked pages. A parked page handed over (heap.c hand_over) is abandoned before its last blocks
+ * come back: it must not wait a decay period longer than it did as its owner's. A burst of frees still costs one
+ * reap per sweep age. */
 static uint64_t reap_due(arena_t *a) {
   if (likely(!atomic_load_explicit(&a->reap_pending, memory_order_relaxed))) return 0;
-  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_base_age();
+  return atomic_load_explicit(&a->reap_since, memory_order_relaxed) + mld_sweep_age();
 }
 
 /* Reap and purge what is due (lock held); returns the bytes purged. */
@@ -822,7 +828,7 @@ size_t mld_arena_purge(arena_t *a, bool all) {
  * `dirty` is set when dirty spans wait (even with no deadline yet). Takes the arena lock. */
 uint64_t mld_arena_next_due(arena_t *a, bool *dirty) {
   mld_lock(&a->lock, &a->lock_stats);
-  uint64_t best = reap_due(a);   /* pages of exited threads may be empty: reap them within the delay */
+  uint64_t best = reap_due(a);   /* abandoned pages may be empty: reap them within the sweep age */
   if (best) *dirty = true;
   if (a->dirty_slots) {
     uint64_t d = a->next_purge_ms;

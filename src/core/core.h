@@ -179,6 +179,7 @@ static inline uint32_t mld_used_release_dec(page_t *pg) { return mld_dec_release
 
 
 
+
 /* ---- statistics (per heap, summed when read) --------------------------------------------------------- */
 typedef struct class_stats_s {
   uint64_t nmalloc;                      /* blocks handed out by this heap */
@@ -194,6 +195,7 @@ typedef struct heap_stats_s {
   uint64_t large_nmalloc, large_nfree, large_bytes_alloc, large_bytes_free;
   uint64_t huge_nmalloc, huge_nfree, huge_bytes_alloc, huge_bytes_free;
   uint64_t remote_frees;                 /* frees pushed to another heap's page */
+  uint64_t pages_handed_over;            /* parked pages of an idle owner given to other heaps (heap.c hand_over) */
 } heap_stats_t;
 
 /* ---- thread heap ------------------------------------------------------------------------------------- */
@@ -458,6 +460,12 @@ MLD_HIDDEN void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b);      
 MLD_HIDDEN void mld_sweep_want(void);                              /* a send went to a page only a sweep visits */
 MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
 extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */
+/* A parked page of an owner idle this long is handed over to heaps that need one (heap.c hand_over); a send into it
+ * asks for a sweep within this delay (mld_sweep_want_soon), not the sweep age. */
+#define MLD_HAND_OVER_IDLE_MS 2
+MLD_HIDDEN void mld_sweep_want_soon(void);
+extern _Atomic(bool) mld_sweep_soon MLD_HIDDEN;                    /* the pending request is a soon one */
+MLD_HIDDEN uint64_t mld_sweep_request_age(bool soon);              /* the age a request is due at */
 
 /* page.c */
 extern page_t mld_page_empty MLD_HIDDEN;

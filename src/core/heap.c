@@ -461,6 +461,9 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
     if (mld_page_refill(pg)) {
+      /* A page handed over by a sweep comes parked (sweep_parked): unparked only now that `heap` names us, with
+       * release, so that its last owner, reading in_full 0 (acquire) and then `heap`, sees it is no longer its own. */
+      if (pg->in_full) __atomic_store_n(&pg->in_full, 0, __ATOMIC_RELEASE);
       list_push_head(&h->avail[c], pg);
       return pg;
     }
@@ -624,8 +627,14 @@ void mld_free_parked(void *p) {
   heap_t *h = mld_tls_heap;
   page_t *pg = page_of(segment_of(p), p);
   block_t *b = p;
-  MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting this page meanwhile */
+  MLD_RACE_WINDOW();   /* in_full was read unlocked: a sweep may be collecting or handing over this page meanwhile */
   mld_spin_lock(&h->lock);
+  /* A sweep hands a parked page over under this lock (sweep_parked): read again under it, `heap` is the truth. */
+  if (unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) != h)) {
+    mld_spin_unlock(&h->lock);
+    mld_free_remote(pg, p);
+    return;
+  }
   mld_owner_push(pg, b);
   pg->used--;
   mld_page_retire(h, pg);
@@ -666,6 +675,28 @@ void mld_free_remote(page_t *pg, void *p) {
  * at once. A busy owner is left to itself: a send into a page it does not allocate from also asks it to walk its pages
  * at a refill (reclaim_wanted, mld_malloc_slow). */
 
+/* Hand over a parked page of an idle live owner that other threads have freed a good share of (MLD_HAND_OVER_SHARE
+ * of its blocks free), while the owner still holds some: it is abandoned to its arena, still parked, for the next
+ * heap that needs a page of its class (heap_new_page adopts before it takes a span). larson's main thread allocates
+ * the blocks its workers replace, then waits in pthread_join: its pages, freed into by the workers, would otherwise
+ * stay its own until their last block came back, while the workers filled new pages (docs/PERFORMANCE.md, issue 39).
+ * Not an orphan's pages: the thread that takes the orphan over frees the blocks handed on to it as their owner.
+ * Safe with the owner running on: its free reads in_full (acquire) before `heap` (api.c dealloc); in_full stays 1
+ * until an adopter, named by `heap` first, clears it with release; and its locked path into a parked page reads
+ * `heap` again under this lock (mld_free_parked). Once handed over, its frees into the page are remote frees. */
+#define MLD_HAND_OVER_SHARE 8   /* at least 1/8 of the page's blocks free */
+static bool hand_over_ok(const heap_t *h, const page_t *pg) {
+  if (!h->live || h->orphan_ms || h == &mld_exit_heap) return false;
+  size_t free_blocks = (size_t)pg->reserved - pg->used;   /* collected or never carved */
+  return free_blocks * MLD_HAND_OVER_SHARE >= pg->reserved;
+}
+static void hand_over(heap_t *h, unsigned c, page_t *pg) {
+  list_remove(&h->full[c], pg);
+  MLD_RACE_WINDOW();   /* out of its lists, still named by `heap`: the owner may be freeing into it meanwhile */
+  __atomic_fetch_add(&mld_orphan_stats.pages_handed_over, 1, __ATOMIC_RELAXED);   /* the owner writes its own counters unlocked */
+  mld_arena_abandon(segment_of(pg)->arena, pg);   /* `heap` NULL with release; in_full stays 1 */
+}
+
 /* Parked pages whose blocks have all come back go back to their arena (heap lock held, by a thread that is
  * not the owner). The owner's fast paths never touch a parked page: they allocate from `current` pages only,
  * and divert frees into parked pages to mld_free_parked, which waits for this lock. So `used` and `free` of a
@@ -676,7 +707,12 @@ static size_t sweep_parked(heap_t *h) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     for (page_t *pg = h->full[c].head, *next; pg; pg = next) {
       next = pg->next;
-      if (!mld_page_collect_remote(pg) || pg->used) continue;
+      bool collected = mld_page_collect_remote(pg);
+      if (pg->used && hand_over_ok(h, pg)) {
+        hand_over(h, c, pg);
+        continue;
+      }
+      if (!collected || pg->used) continue;
       MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it must not reach this page */
       list_remove(&h->full[c], pg);
       set_in_full(pg, 0);
@@ -752,13 +788,18 @@ static heap_t *find_dead_heap(void) {
 size_t mld_heaps_sweep(bool force) {
   size_t bytes = 0;
   for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
-  uint64_t now = mld_now_ms(), age = mld_sweep_age();
+  uint64_t now = mld_now_ms();
+  bool soon = atomic_exchange(&mld_sweep_soon, false);
+  /* A soon request (a send into a parked page of an idle owner) is due, and counts owners idle, after the hand-over
+   * delay: their parked pages are handed over or given back then. */
+  uint64_t age = mld_sweep_request_age(soon);
   uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
   mld_fence_after_rmw();   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
   if (!force && (!since || now < since + age)) {
     if (since) {   /* not due yet: keep the request */
       uint64_t none = 0;
       atomic_compare_exchange_strong(&mld_sweep_since, &none, since);
+      if (soon) atomic_store(&mld_sweep_soon, true);
     }
     return 0;
   }

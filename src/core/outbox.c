@@ -11,13 +11,14 @@ typedef struct remote_notice_s {
   arena_t *reap;
   heap_t *owner;   /* the page's owner, when the page is not one of its current ones: it is asked to walk its pages */
   bool sweep;
+  bool parked;     /* the page is parked: a sweep may hand it over if its owner is idle (heap.c hand_over) */
 } remote_notice_t;
 
 static inline remote_notice_t remote_notice(page_t *pg) {
   heap_t *owner = atomic_load_explicit(&pg->heap, memory_order_relaxed);
-  remote_notice_t n = { owner == NULL ? segment_of(pg)->arena : NULL, NULL, false };
-  n.sweep = owner != NULL && (__atomic_load_n(&pg->in_full, __ATOMIC_RELAXED) ||
-                              !__atomic_load_n(&pg->is_current, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
+  remote_notice_t n = { owner == NULL ? segment_of(pg)->arena : NULL, NULL, false, false };
+  n.parked = owner != NULL && __atomic_load_n(&pg->in_full, __ATOMIC_RELAXED);
+  n.sweep = owner != NULL && (n.parked || !__atomic_load_n(&pg->is_current, __ATOMIC_RELAXED) || owner == &mld_exit_heap);
   if (n.sweep && owner != &mld_exit_heap) n.owner = owner;
   return n;
 }
@@ -34,6 +35,13 @@ static inline void remote_notify(remote_notice_t n) {
      * not keep a later load behind it (aarch64: casl then ldr), so a seq_cst fence on each side makes one of the
      * two see the other: either we see no request pending and ask, or the sweep sees our batch. */
     mld_fence_after_rmw();
+    /* Into a parked page of an owner that has not refilled for MLD_HAND_OVER_IDLE_MS (larson's main thread, waiting
+     * in pthread_join while its blocks are freed): a sweep soon, which hands such pages over (heap.c hand_over), not
+     * one sweep age later, by when the threads freeing into them have filled new pages of their own. */
+    if (n.parked && n.owner) {
+      uint64_t last = atomic_load_explicit(&n.owner->last_slow_ms, memory_order_relaxed), now = mld_now_ms();
+      if (last <= now && now - last >= MLD_HAND_OVER_IDLE_MS) { mld_sweep_want_soon(); return; }
+    }
     mld_sweep_want();
   }
 }
@@ -80,9 +88,27 @@ void mld_sweep_want(void) {
   if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_purge_wake();
 }
 
+/* Set with a request that falls due after MLD_HAND_OVER_IDLE_MS rather than the sweep age (cleared by the sweep). */
+_Atomic(bool) mld_sweep_soon;
+
+/* A sweep within MLD_HAND_OVER_IDLE_MS: the purging thread is woken to wait for the nearer deadline, once per request. */
+void mld_sweep_want_soon(void) {
+  if (atomic_load_explicit(&mld_sweep_soon, memory_order_relaxed)) return;   /* asked already */
+  if (atomic_exchange(&mld_sweep_soon, true)) return;
+  uint64_t none = 0, now = mld_now_ms();
+  atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1);
+  mld_purge_wake();
+}
+
+/* The age at which a pending request is due: the sweep age, or the hand-over's when one was asked soon. */
+uint64_t mld_sweep_request_age(bool soon) {
+  uint64_t age = mld_sweep_age();
+  return soon && age > MLD_HAND_OVER_IDLE_MS ? MLD_HAND_OVER_IDLE_MS : age;
+}
+
 uint64_t mld_sweep_due(void) {
   uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
-  return since ? since + mld_sweep_age() : 0;
+  return since ? since + mld_sweep_request_age(atomic_load_explicit(&mld_sweep_soon, memory_order_relaxed)) : 0;
 }
 
 /* Send one entry's batch (the secure variant: its summary bits) and empty the slot. */

@@ -178,6 +178,22 @@ static inline uint32_t mld_dec_release_u32(uint32_t *x) {
   return v;
 #endif
 }
+/* A 16-bit read that later reads may not pass (acquire), whose value is tested at once: call
+ * mld_after_acquire_test() where the path that reads on continues. On x86-64 a load is never reordered with later
+ * loads, so a plain read (folded into the test: one `cmp` with memory) and a compiler barrier after the test do;
+ * elsewhere, and under ThreadSanitizer, an atomic acquire load. */
+static inline uint16_t mld_peek_acquire_u16(const uint16_t *x) {
+#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
+  return *x;
+#else
+  return __atomic_load_n(x, __ATOMIC_ACQUIRE);
+#endif
+}
+static inline void mld_after_acquire_test(void) {
+#if defined(__x86_64__) && !defined(MLD_TSAN_BUILD)
+  atomic_signal_fence(memory_order_acquire);   /* compiler barrier: the later reads are emitted after the test */
+#endif
+}
 /* A full barrier right after an atomic read-modify-write (a later load may not be satisfied before the RMW is
  * visible): on x86-64 every locked RMW is one already, so only the compiler is held back (ThreadSanitizer builds
  * too: it models no fences, and gcc refuses atomic_thread_fence there); elsewhere (aarch64: casl, ldsetl, swpal are
