@@ -577,7 +577,9 @@ void mld_arena_want_reap(arena_t *a) {
   atomic_thread_fence(memory_order_seq_cst);
   if (atomic_load_explicit(&a->reap_pending, memory_order_relaxed)) return;
   atomic_store_explicit(&a->reap_since, mld_now_ms(), memory_order_relaxed);
-  if (!atomic_exchange_explicit(&a->reap_pending, 1, memory_order_acq_rel)) mld_dirty_notify();
+  /* Woken whatever it waits for: a reap falls due at the sweep age, long before the decay deadline it may be waiting
+   * for (mld_dirty_notify would wake only a thread waiting without one). */
+  if (!atomic_exchange_explicit(&a->reap_pending, 1, memory_order_acq_rel)) mld_purge_wake();
 }
 
 /* Free abandoned pages whose blocks have all come back by remote frees (lock held). */

@@ -124,9 +124,10 @@ void mld_dirty_notify(void) {
   if (atomic_load(&bg_idle)) bg_signal();
 }
 
-/* A sweep was asked for: it falls due within the sweep age, possibly long before the deadline the thread waits for
- * (the decay of dirty spans: seconds), and mld_dirty_notify wakes only a thread waiting without a deadline. Signalled
- * whatever the thread does (at most once per sweep request: mld_sweep_want). Never starts a thread, never allocates. */
+/* A sweep or a reap was asked for: it falls due within the sweep age, possibly long before the deadline the thread
+ * waits for (the decay of dirty spans: seconds), and mld_dirty_notify wakes only a thread waiting without a deadline.
+ * Signalled whatever the thread does (at most once per request: mld_sweep_want, mld_sweep_want_soon,
+ * mld_arena_want_reap). Never starts a thread, never allocates. */
 void mld_purge_wake(void) {
   if (!bg_enabled()) return;
   atomic_store(&bg_pending, 1);

@@ -459,13 +459,14 @@ MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32
 MLD_HIDDEN void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b);             /* secure variant */
 MLD_HIDDEN void mld_sweep_want(void);                              /* a send went to a page only a sweep visits */
 MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */
-extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for (0: none) */
+extern _Atomic(uint64_t) mld_sweep_since MLD_HIDDEN;               /* when a sweep was asked for << 1 | soon (0: none) */
 /* A parked page of an owner idle this long is handed over to heaps that need one (heap.c hand_over); a send into it
  * asks for a sweep within this delay (mld_sweep_want_soon), not the sweep age. */
 #define MLD_HAND_OVER_IDLE_MS 2
+#define MLD_SWEEP_SOON 1u                                          /* bit 0 of mld_sweep_since: a soon request */
 MLD_HIDDEN void mld_sweep_want_soon(void);
-extern _Atomic(bool) mld_sweep_soon MLD_HIDDEN;                    /* the pending request is a soon one */
-MLD_HIDDEN uint64_t mld_sweep_request_age(bool soon);              /* the age a request is due at */
+MLD_HIDDEN void mld_sweep_keep(uint64_t req);                      /* a taken request not due yet, put back */
+MLD_HIDDEN uint64_t mld_sweep_request_age(uint64_t req);           /* the age a request is due at */
 
 /* page.c */
 extern page_t mld_page_empty MLD_HIDDEN;

@@ -789,18 +789,13 @@ size_t mld_heaps_sweep(bool force) {
   size_t bytes = 0;
   for (heap_t *dead; (dead = find_dead_heap()) != NULL;) mld_heap_abandon(dead);
   uint64_t now = mld_now_ms();
-  bool soon = atomic_exchange(&mld_sweep_soon, false);
+  uint64_t req = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
+  mld_fence_after_rmw();   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
   /* A soon request (a send into a parked page of an idle owner) is due, and counts owners idle, after the hand-over
    * delay: their parked pages are handed over or given back then. */
-  uint64_t age = mld_sweep_request_age(soon);
-  uint64_t since = atomic_exchange(&mld_sweep_since, 0);   /* sends after this ask again */
-  mld_fence_after_rmw();   /* pairs with remote_notify's (outbox.c): it sees 0, or we its batch */
-  if (!force && (!since || now < since + age)) {
-    if (since) {   /* not due yet: keep the request */
-      uint64_t none = 0;
-      atomic_compare_exchange_strong(&mld_sweep_since, &none, since);
-      if (soon) atomic_store(&mld_sweep_soon, true);
-    }
+  uint64_t age = mld_sweep_request_age(req), since = req >> 1;
+  if (!force && (!req || now < since + age)) {
+    if (req) mld_sweep_keep(req);   /* not due yet: keep the request */
     return 0;
   }
   bool young = false;   /* orphans too young to abandon remain */

@@ -79,36 +79,54 @@ static void publish(page_t *pg, size_t sword, uint64_t summary) {
 }
 #endif
 
-/* ---- sweep requests: raised by sends into pages nobody may visit soon (heap.c: mld_heaps_sweep) ---- */
+/* ---- sweep requests: raised by sends into pages nobody may visit soon (heap.c: mld_heaps_sweep) ----
+ * One word: the request's time in ms shifted left by one, with MLD_SWEEP_SOON in bit 0 when it is due after
+ * MLD_HAND_OVER_IDLE_MS rather than the sweep age; 0: none. One word, so that the sweep takes a request and its
+ * kind at once: kept apart, a sweep that cleared the kind, then took the time, while a sender set the kind and then
+ * failed to set the time (a request was pending), left a kind with no time behind, and every later soon request saw
+ * it and returned (qemu-user, test_memory_idle idle-owner: 1 run in 8). */
 _Atomic(uint64_t) mld_sweep_since;
+
+static uint64_t sweep_stamp(bool soon) {
+  uint64_t now = mld_now_ms();
+  return (now ? now : 1) << 1 | (soon ? MLD_SWEEP_SOON : 0);   /* never 0 */
+}
 
 void mld_sweep_want(void) {
   if (atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return;   /* already asked: one write per delay */
-  uint64_t none = 0, now = mld_now_ms();
-  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1)) mld_purge_wake();
+  uint64_t none = 0;
+  if (atomic_compare_exchange_strong(&mld_sweep_since, &none, sweep_stamp(false))) mld_purge_wake();
 }
 
-/* Set with a request that falls due after MLD_HAND_OVER_IDLE_MS rather than the sweep age (cleared by the sweep). */
-_Atomic(bool) mld_sweep_soon;
-
-/* A sweep within MLD_HAND_OVER_IDLE_MS: the purging thread is woken to wait for the nearer deadline, once per request. */
+/* A sweep within MLD_HAND_OVER_IDLE_MS: a pending request becomes a soon one (due at once if older), or one is made;
+ * the purging thread is woken to wait for the nearer deadline, once per request. */
 void mld_sweep_want_soon(void) {
-  if (atomic_load_explicit(&mld_sweep_soon, memory_order_relaxed)) return;   /* asked already */
-  if (atomic_exchange(&mld_sweep_soon, true)) return;
-  uint64_t none = 0, now = mld_now_ms();
-  atomic_compare_exchange_strong(&mld_sweep_since, &none, now ? now : 1);
+  uint64_t cur = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
+  do {
+    if (cur & MLD_SWEEP_SOON) return;   /* asked already */
+    MLD_RACE_WINDOW();                  /* a sweep may take the request meanwhile: the CAS then fails */
+  } while (!atomic_compare_exchange_weak(&mld_sweep_since, &cur, cur ? cur | MLD_SWEEP_SOON : sweep_stamp(true)));
   mld_purge_wake();
 }
 
-/* The age at which a pending request is due: the sweep age, or the hand-over's when one was asked soon. */
-uint64_t mld_sweep_request_age(bool soon) {
+/* Put back a request the sweep took but that is not due yet, merged with any made meanwhile (the older time, either's
+ * soon bit). */
+void mld_sweep_keep(uint64_t req) {
+  uint64_t cur = 0, merged;
+  do {
+    merged = !cur ? req : ((cur >> 1 < req >> 1 ? cur : req) & ~(uint64_t)MLD_SWEEP_SOON) | ((cur | req) & MLD_SWEEP_SOON);
+  } while (!atomic_compare_exchange_weak(&mld_sweep_since, &cur, merged));
+}
+
+/* The age at which a request is due: the sweep age, or the hand-over's for a soon one. */
+uint64_t mld_sweep_request_age(uint64_t req) {
   uint64_t age = mld_sweep_age();
-  return soon && age > MLD_HAND_OVER_IDLE_MS ? MLD_HAND_OVER_IDLE_MS : age;
+  return (req & MLD_SWEEP_SOON) && age > MLD_HAND_OVER_IDLE_MS ? MLD_HAND_OVER_IDLE_MS : age;
 }
 
 uint64_t mld_sweep_due(void) {
-  uint64_t since = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
-  return since ? since + mld_sweep_request_age(atomic_load_explicit(&mld_sweep_soon, memory_order_relaxed)) : 0;
+  uint64_t req = atomic_load_explicit(&mld_sweep_since, memory_order_relaxed);
+  return req ? (req >> 1) + mld_sweep_request_age(req) : 0;
 }
 
 /* Send one entry's batch (the secure variant: its summary bits) and empty the slot. */

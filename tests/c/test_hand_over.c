@@ -2,8 +2,10 @@
  * pages (heap.c hand_over): `adopt` checks that it happens and that the blocks stay intact whoever frees them; `race`
  * has owners that go idle for a few ms and then free their own blocks into pages being handed over meanwhile, while
  * other threads free the owners' blocks and allocate (adopting those pages). Every block carries a pattern checked
- * before it is freed; `reap` checks that such pages come back once their last blocks have. The multi-threaded cases are
- * built for ThreadSanitizer and the race-delay build too. */
+ * before it is freed; `reap` checks that such pages come back once their last blocks have; `rounds` that every round
+ * of an idle owner's blocks freed by another thread comes back, however the sends' sweep requests meet the sweeps
+ * (a request lost there left the purging thread waiting for ever). The multi-threaded cases are built for
+ * ThreadSanitizer and the race-delay build too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <unistd.h>
@@ -148,6 +150,98 @@ static int run_reap(void) {
   return mt_result("hand_over reap");
 }
 
+/* ---- rounds ---- */
+/* One owner and one freer for every round, both alive throughout: no thread exits (an exit leaves an orphan, whose
+ * sweeps would come whatever became of the requests), and between rounds every thread is idle. */
+enum { RROUNDS = 40, RBLOCKS = 8192, RSIZE = 256 };   /* 2 MiB a round */
+static void *rblk[RBLOCKS];
+/* Round numbers under amu: the owner allocates round n once go_alloc >= n, the freer frees it once go_free >= n. */
+static unsigned go_alloc, ready, go_free, freed;
+static bool rquit;
+
+static void rset(unsigned *var, unsigned v) {
+  pthread_mutex_lock(&amu);
+  *var = v;
+  pthread_cond_broadcast(&acv);
+  pthread_mutex_unlock(&amu);
+}
+static bool rwait(const unsigned *var, unsigned v) {   /* until *var >= v; false: quit instead */
+  pthread_mutex_lock(&amu);
+  while (*var < v && !rquit) pthread_cond_wait(&acv, &amu);
+  bool ok = *var >= v;
+  pthread_mutex_unlock(&amu);
+  return ok;
+}
+
+static void *rounds_owner(void *arg) {
+  (void)arg;
+  for (unsigned round = 1; rwait(&go_alloc, round); round++) {   /* idle in between */
+    uint64_t tag = (uint64_t)round << 32;
+    for (size_t i = 0; i < RBLOCKS; i++) {
+      rblk[i] = M_malloc(RSIZE);
+      REQUIRE(rblk[i], "malloc");
+      mt_fill(rblk[i], RSIZE, tag + i);
+    }
+    rset(&ready, round);
+  }
+  return NULL;
+}
+
+static void *rounds_freer(void *arg) {
+  (void)arg;
+  for (unsigned round = 1; rwait(&go_free, round); round++) {
+    uint64_t tag = (uint64_t)round << 32;
+    for (size_t i = 0; i < RBLOCKS; i++) {
+      size_t bad = mt_verify(rblk[i], RSIZE, tag + i);
+      CHECK(bad == RSIZE, "block %zu damaged at %zu", i, bad);
+      M_free(mt_hide(rblk[i]));
+    }
+    REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");   /* its outbox too */
+    rset(&freed, round);
+  }
+  return NULL;
+}
+
+static int run_rounds(void) {
+  mt_rng_t r;
+  mt_rng_seed(&r, 4242);
+  /* Past BG_START_BYTES mapped: the next slow path starts the purging thread, which sweeps (a small program has none). */
+  M_free(mt_hide(M_malloc(16 << 20)));
+  M_free(mt_hide(M_malloc(4096)));
+  pthread_t o, f;
+  REQUIRE(pthread_create(&o, NULL, rounds_owner, NULL) == 0, "pthread_create");
+  REQUIRE(pthread_create(&f, NULL, rounds_freer, NULL) == 0, "pthread_create");
+  size_t active0 = mt_ctl_size("stats.active"), worst = 0;
+  double slowest = 0;
+  for (unsigned round = 1; round <= RROUNDS && !atomic_load(&mt_failures); round++) {
+    rset(&go_alloc, round);
+    rwait(&ready, round);
+    /* Sends before and after the owner has been idle MLD_HAND_OVER_IDLE_MS: plain and soon sweep requests. */
+    usleep((useconds_t)mt_rng_below(&r, 5000));
+    rset(&go_free, round);
+    rwait(&freed, round);
+    /* Sweeps, hand-overs and reaps bring the pages back within a few sweep ages (16 ms): all but the owner's current
+     * page (64 KiB). Allow 2 s and 256 KiB. */
+    double t0 = mt_now(), end = t0 + 2.0;
+    size_t active;
+    while ((active = mt_ctl_size("stats.active")) > active0 + (256 << 10) && mt_now() < end) usleep(1000);
+    CHECK(active <= active0 + (256 << 10), "round %u: every block of an idle owner freed, %zu KiB active 2 s later, %zu KiB "
+          "before the rounds (%llu pages handed over so far)", round, active >> 10, active0 >> 10,
+          (unsigned long long)handed());
+    if (active > worst) worst = active;
+    if (mt_now() - t0 > slowest) slowest = mt_now() - t0;
+  }
+  pthread_mutex_lock(&amu);
+  rquit = true;
+  pthread_cond_broadcast(&acv);
+  pthread_mutex_unlock(&amu);
+  pthread_join(o, NULL);
+  pthread_join(f, NULL);
+  printf("rounds: %d rounds of %d KiB, %llu pages handed over; active at most %zu KiB (%zu before), back within %.0f ms\n",
+         RROUNDS, RBLOCKS * RSIZE >> 10, (unsigned long long)handed(), worst >> 10, active0 >> 10, slowest * 1e3);
+  return mt_result("hand_over rounds");
+}
+
 /* ---- race ---- */
 enum { OWNERS = 2, ROUNDS = 60, PER_ROUND = 6000, RING = 1 << 14 };
 typedef struct { uint8_t *p; size_t n; uint64_t tag; } blk_t;
@@ -242,6 +336,7 @@ int main(int argc, char **argv) {
   if (!strcmp(what, "adopt")) return run_adopt();
   if (!strcmp(what, "race")) return run_race();
   if (!strcmp(what, "reap")) return run_reap();
-  fprintf(stderr, "usage: %s adopt|race|reap\n", argv[0]);
+  if (!strcmp(what, "rounds")) return run_rounds();
+  fprintf(stderr, "usage: %s adopt|race|reap|rounds\n", argv[0]);
   return 2;
 }
