@@ -4,7 +4,8 @@
  * other threads free the owners' blocks and allocate (adopting those pages). Every block carries a pattern checked
  * before it is freed; `reap` checks that such pages come back once their last blocks have; `rounds` that every round
  * of an idle owner's blocks freed by another thread comes back, however the sends' sweep requests meet the sweeps
- * (a request lost there left the purging thread waiting for ever). The multi-threaded cases are built for
+ * (a request lost there left the purging thread waiting for ever); `reap-wake` that a reap request alone wakes the
+ * purging thread from a wait for a far deadline. The cases labelled mt are built for
  * ThreadSanitizer and the race-delay build too. */
 #include "mtest.h"
 #include <pthread.h>
@@ -148,6 +149,64 @@ static int run_reap(void) {
   printf("reap: %llu pages handed over; %zu KiB active after the frees, %zu KiB before\n", (unsigned long long)got,
          active >> 10, active0 >> 10);
   return mt_result("hand_over reap");
+}
+
+/* ---- reap-wake: a reap request alone wakes the purging thread from a wait with a far deadline ----
+ * Run with dirty_decay_ms:10000. Every parked page of an idle owner is handed over after half its blocks come back;
+ * the other half then goes into abandoned pages only (the owner's current page asks for nothing), so the only
+ * requests are reaps, while the purging thread waits for dirty spans due 10 s later. */
+static size_t hand_over_settled(uint64_t before) {   /* pages handed over once no more come for 200 ms */
+  uint64_t last = handed();
+  double end = mt_now() + 3.0, quiet = mt_now() + 0.2;
+  while (mt_now() < end && (last == before || mt_now() < quiet)) {
+    usleep(2000);
+    uint64_t now = handed();
+    if (now != last) { last = now; quiet = mt_now() + 0.2; }
+  }
+  return (size_t)(last - before);
+}
+
+static int run_reap_wake(void) {
+  /* Past BG_START_BYTES mapped: the purging thread starts. Then dirty spans with a 10 s decay for it to wait for. */
+  M_free(mt_hide(M_malloc(16 << 20)));
+  enum { DN = 8192 };
+  static void *d[DN];
+  for (size_t i = 0; i < DN; i++) REQUIRE((d[i] = M_malloc(256)) != NULL, "malloc");
+  for (size_t i = 0; i < DN; i++) M_free(mt_hide(d[i]));
+  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
+  REQUIRE(mt_ctl_size("stats.dirty") > 0, "no dirty span for the purging thread to wait for");
+  size_t active0 = mt_ctl_size("stats.active");
+  pthread_t o;
+  REQUIRE(pthread_create(&o, NULL, reap_owner, NULL) == 0, "pthread_create");
+  astage_wait(1);
+  uint64_t before = handed();
+  for (size_t i = 0; i < ABLOCKS; i += 2) {   /* half of each page back: soon sweeps hand every parked page over */
+    size_t bad = mt_verify(ablk[i], ASIZE, i);
+    CHECK(bad == ASIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(ablk[i]));
+  }
+  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");   /* our outbox */
+  size_t got = hand_over_settled(before);
+  REQUIRE(got > 0, "no page of the idle owner was handed over");
+  usleep(100000);   /* the purging thread back in its wait for the dirty spans' deadline */
+  for (size_t i = 1; i < ABLOCKS; i += 2) {   /* into abandoned pages: reap requests, nothing else */
+    size_t bad = mt_verify(ablk[i], ASIZE, i);
+    CHECK(bad == ASIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(ablk[i]));
+  }
+  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
+  /* A reap falls due at the sweep age (16 ms) after its request; allow 1 s, and the owner's current page. */
+  size_t active = 0;
+  double t0 = mt_now();
+  for (double end = t0 + 1.0; mt_now() < end; usleep(2000))
+    if ((active = mt_ctl_size("stats.active")) <= active0 + (256 << 10)) break;
+  CHECK(active <= active0 + (256 << 10), "%zu pages handed over, every block freed: %zu KiB active 1 s later, %zu KiB "
+        "before (a reap request did not wake the purging thread?)", got, active >> 10, active0 >> 10);
+  printf("reap-wake: %zu pages handed over; %zu KiB active %.0f ms after the last frees, %zu KiB before\n", got,
+         active >> 10, (mt_now() - t0) * 1e3, active0 >> 10);
+  astage_set(2);
+  pthread_join(o, NULL);
+  return mt_result("hand_over reap-wake");
 }
 
 /* ---- rounds ---- */
@@ -337,6 +396,7 @@ int main(int argc, char **argv) {
   if (!strcmp(what, "race")) return run_race();
   if (!strcmp(what, "reap")) return run_reap();
   if (!strcmp(what, "rounds")) return run_rounds();
-  fprintf(stderr, "usage: %s adopt|race|reap|rounds\n", argv[0]);
+  if (!strcmp(what, "reap-wake")) return run_reap_wake();
+  fprintf(stderr, "usage: %s adopt|race|reap|rounds|reap-wake\n", argv[0]);
   return 2;
 }
