@@ -98,7 +98,14 @@ static int run_adopt(void) {
 }
 
 /* ---- reap: pages handed over while blocks of them were still out come back as soon as those are freed ---- */
-static void *free_range(void *arg) {   /* frees ablk[start], [start + 2], ...; exits, which sends its outbox */
+/* Poll stats.active every 2 ms for up to `secs` until it is at most `limit`; returns the last value read. */
+static size_t active_at_most(size_t limit, double secs) {
+  size_t active;
+  for (double end = mt_now() + secs; (active = mt_ctl_size("stats.active")) > limit && mt_now() < end;) usleep(2000);
+  return active;
+}
+
+static void *free_range(void *arg) {   /* frees ablk[start], [start + 2], ...; a thread running it sends its outbox at exit */
   for (size_t i = (uintptr_t)arg; i < ABLOCKS; i += 2) {
     size_t bad = mt_verify(ablk[i], ASIZE, i);
     CHECK(bad == ASIZE, "block %zu damaged at %zu", i, bad);
@@ -139,9 +146,7 @@ static int run_reap(void) {
   pthread_join(f, NULL);
   /* Every block is back: the handed-over pages go back to their arena within the sweep age of the reap request
    * (not the 10 s decay this test sets), the others by the owner's sweep. Allow 1 s and 1 MiB. */
-  size_t active = 0;
-  for (end = mt_now() + 1.0; mt_now() < end; usleep(2000))
-    if ((active = mt_ctl_size("stats.active")) <= active0 + (1 << 20)) break;
+  size_t active = active_at_most(active0 + (1 << 20), 1.0);
   CHECK(active <= active0 + (1 << 20), "%llu pages handed over, every block freed: %zu KiB active 1 s later, %zu KiB before",
         (unsigned long long)got, active >> 10, active0 >> 10);
   astage_set(2);
@@ -149,6 +154,13 @@ static int run_reap(void) {
   printf("reap: %llu pages handed over; %zu KiB active after the frees, %zu KiB before\n", (unsigned long long)got,
          active >> 10, active0 >> 10);
   return mt_result("hand_over reap");
+}
+
+/* Past BG_START_BYTES mapped, the next slow path starts the purging thread, which sweeps and reaps (a small program
+ * has none). */
+static void start_purging_thread(void) {
+  M_free(mt_hide(M_malloc(16 << 20)));
+  M_free(mt_hide(M_malloc(4096)));
 }
 
 /* ---- reap-wake: a reap request alone wakes the purging thread from a wait with a far deadline ----
@@ -167,8 +179,8 @@ static size_t hand_over_settled(uint64_t before) {   /* pages handed over once n
 }
 
 static int run_reap_wake(void) {
-  /* Past BG_START_BYTES mapped: the purging thread starts. Then dirty spans with a 10 s decay for it to wait for. */
-  M_free(mt_hide(M_malloc(16 << 20)));
+  start_purging_thread();
+  /* Dirty spans with a 10 s decay for it to wait for. */
   enum { DN = 8192 };
   static void *d[DN];
   for (size_t i = 0; i < DN; i++) REQUIRE((d[i] = M_malloc(256)) != NULL, "malloc");
@@ -180,26 +192,16 @@ static int run_reap_wake(void) {
   REQUIRE(pthread_create(&o, NULL, reap_owner, NULL) == 0, "pthread_create");
   astage_wait(1);
   uint64_t before = handed();
-  for (size_t i = 0; i < ABLOCKS; i += 2) {   /* half of each page back: soon sweeps hand every parked page over */
-    size_t bad = mt_verify(ablk[i], ASIZE, i);
-    CHECK(bad == ASIZE, "block %zu damaged at %zu", i, bad);
-    M_free(mt_hide(ablk[i]));
-  }
+  free_range((void *)(uintptr_t)0);   /* half of each page back: soon sweeps hand every parked page over */
   REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");   /* our outbox */
   size_t got = hand_over_settled(before);
   REQUIRE(got > 0, "no page of the idle owner was handed over");
   usleep(100000);   /* the purging thread back in its wait for the dirty spans' deadline */
-  for (size_t i = 1; i < ABLOCKS; i += 2) {   /* into abandoned pages: reap requests, nothing else */
-    size_t bad = mt_verify(ablk[i], ASIZE, i);
-    CHECK(bad == ASIZE, "block %zu damaged at %zu", i, bad);
-    M_free(mt_hide(ablk[i]));
-  }
+  free_range((void *)(uintptr_t)1);   /* into abandoned pages: reap requests, nothing else */
   REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
   /* A reap falls due at the sweep age (16 ms) after its request; allow 1 s, and the owner's current page. */
-  size_t active = 0;
   double t0 = mt_now();
-  for (double end = t0 + 1.0; mt_now() < end; usleep(2000))
-    if ((active = mt_ctl_size("stats.active")) <= active0 + (256 << 10)) break;
+  size_t active = active_at_most(active0 + (256 << 10), 1.0);
   CHECK(active <= active0 + (256 << 10), "%zu pages handed over, every block freed: %zu KiB active 1 s later, %zu KiB "
         "before (a reap request did not wake the purging thread?)", got, active >> 10, active0 >> 10);
   printf("reap-wake: %zu pages handed over; %zu KiB active %.0f ms after the last frees, %zu KiB before\n", got,
@@ -264,9 +266,7 @@ static void *rounds_freer(void *arg) {
 static int run_rounds(void) {
   mt_rng_t r;
   mt_rng_seed(&r, 4242);
-  /* Past BG_START_BYTES mapped: the next slow path starts the purging thread, which sweeps (a small program has none). */
-  M_free(mt_hide(M_malloc(16 << 20)));
-  M_free(mt_hide(M_malloc(4096)));
+  start_purging_thread();
   pthread_t o, f;
   REQUIRE(pthread_create(&o, NULL, rounds_owner, NULL) == 0, "pthread_create");
   REQUIRE(pthread_create(&f, NULL, rounds_freer, NULL) == 0, "pthread_create");
@@ -281,9 +281,8 @@ static int run_rounds(void) {
     rwait(&freed, round);
     /* Sweeps, hand-overs and reaps bring the pages back within a few sweep ages (16 ms): all but the owner's current
      * page (64 KiB). Allow 2 s and 256 KiB. */
-    double t0 = mt_now(), end = t0 + 2.0;
-    size_t active;
-    while ((active = mt_ctl_size("stats.active")) > active0 + (256 << 10) && mt_now() < end) usleep(1000);
+    double t0 = mt_now();
+    size_t active = active_at_most(active0 + (256 << 10), 2.0);
     CHECK(active <= active0 + (256 << 10), "round %u: every block of an idle owner freed, %zu KiB active 2 s later, %zu KiB "
           "before the rounds (%llu pages handed over so far)", round, active >> 10, active0 >> 10,
           (unsigned long long)handed());
