@@ -309,14 +309,17 @@ static _Atomic(unsigned) decay_unmapped;
 static _Atomic(uint64_t) decay_unmap_at, decay_unmap_age;
 #define DECAY_UNMAPPED_MAX 1024u   /* a bound on that count only: past it, unmaps are not counted (no lengthening) */
 
-/* Memory purged by age faulted in again at `now`: lengthen the decay so that an idle gap as long as this one (dirty
- * for purge_age, then purged for `since`) no longer purges, with half of it again as a margin, up to
- * dirty_decay_max_ms. A bursty program (work, a pause of seconds, work again) then keeps its memory across pauses,
- * as with a longer dirty_decay_ms, while one idle for longer still gives it back. */
+/* Memory purged by age faulted in again at `now`, after an idle gap (dirty for purge_age, then purged for `since`)
+ * that the longest decay covers with half of it again as a margin: the decay becomes dirty_decay_max_ms. A bursty
+ * program (work, a pause of seconds, work again) then keeps its memory across its pauses, as with a longer
+ * dirty_decay_ms, while one idle for longer still gives it back. Not 1.5 times this gap: pauses vary (rptest's are
+ * 2 s, then 6 s while it replaces its threads), and a decay fitted to the first one purges again at the next longer
+ * one, a refault each time (issue 39's twelfth pass: a third of rptest's page faults at 4 threads). */
 static void decay_note_refault(uint64_t purge_age, uint64_t since, uint64_t now) {
   uint64_t idle = purge_age + since;
-  uint64_t want = idle + idle / 2;
-  if (want > (uint64_t)mld_opt.dirty_decay_max_ms) return;   /* idle for longer than the longest decay: rightly purged */
+  uint64_t max = (uint64_t)mld_opt.dirty_decay_max_ms;
+  if (idle + idle / 2 > max) return;   /* idle for longer than the longest decay covers: rightly purged */
+  uint64_t want = max;
   uint64_t cur = atomic_load_explicit(&mld_decay_ext_ms, memory_order_relaxed);
   while (cur < want && !atomic_compare_exchange_weak_explicit(&mld_decay_ext_ms, &cur, want, memory_order_relaxed,
                                                               memory_order_relaxed)) {}
