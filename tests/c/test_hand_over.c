@@ -97,6 +97,11 @@ static int run_adopt(void) {
   return mt_result("hand_over adopt");
 }
 
+/* Send this thread's outbox (its remote frees, batched per page) and empty its caches now. */
+static void flush_outbox(void) {
+  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
+}
+
 /* ---- reap: pages handed over while blocks of them were still out come back as soon as those are freed ---- */
 /* Poll stats.active every 2 ms for up to `secs` until it is at most `limit`; returns the last value read. */
 static size_t active_at_most(size_t limit, double secs) {
@@ -185,7 +190,7 @@ static int run_reap_wake(void) {
   static void *d[DN];
   for (size_t i = 0; i < DN; i++) REQUIRE((d[i] = M_malloc(256)) != NULL, "malloc");
   for (size_t i = 0; i < DN; i++) M_free(mt_hide(d[i]));
-  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
+  flush_outbox();
   REQUIRE(mt_ctl_size("stats.dirty") > 0, "no dirty span for the purging thread to wait for");
   size_t active0 = mt_ctl_size("stats.active");
   pthread_t o;
@@ -193,12 +198,12 @@ static int run_reap_wake(void) {
   astage_wait(1);
   uint64_t before = handed();
   free_range((void *)(uintptr_t)0);   /* half of each page back: soon sweeps hand every parked page over */
-  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");   /* our outbox */
+  flush_outbox();   /* our outbox */
   size_t got = hand_over_settled(before);
   REQUIRE(got > 0, "no page of the idle owner was handed over");
   usleep(100000);   /* the purging thread back in its wait for the dirty spans' deadline */
   free_range((void *)(uintptr_t)1);   /* into abandoned pages: reap requests, nothing else */
-  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
+  flush_outbox();
   /* A reap falls due at the sweep age (16 ms) after its request; allow 1 s, and the owner's current page. */
   double t0 = mt_now();
   size_t active = active_at_most(active0 + (256 << 10), 1.0);
@@ -257,7 +262,7 @@ static void *rounds_freer(void *arg) {
       CHECK(bad == RSIZE, "block %zu damaged at %zu", i, bad);
       M_free(mt_hide(rblk[i]));
     }
-    REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");   /* its outbox too */
+    flush_outbox();   /* its outbox too */
     rset(&freed, round);
   }
   return NULL;
