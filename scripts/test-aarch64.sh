@@ -63,7 +63,7 @@ rlimit_tests='^pprof_errors$'
 # clone lock: qemu's lock around thread creation and thread exit, held by another thread at a fork, stays held in
 # the child, whose first thread creation then hangs for ever, with any malloc (tests/c/test_model.c's side threads
 # create threads while another forks, and its children start a thread). With MALLARD_TEST_QEMU set, test_model
-# forks only while no side thread creates or joins one; a test_model without that stays out.
+# forks only while no thread starts or ends (docs/PLATFORMS.md); a test_model without that stays out.
 export MALLARD_TEST_QEMU=1
 exclude="$rss_tests|$placement_tests|$robust_tests|$rlimit_tests"
 grep -q MALLARD_TEST_QEMU tests/c/test_model.c || exclude="$exclude|^c_model_"

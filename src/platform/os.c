@@ -249,17 +249,34 @@ bool mld_os_protect(void *p, size_t size, bool accessible) {
 }
 
 /* ---- threads: the purging thread and the profiler's dump thread ---- */
+/* On the creator's stack until the new thread has read it (the creator waits for `started`). */
+typedef struct { void *(*fn)(void *); _Atomic(int) started; } thread_boot_t;
+static void *thread_boot(void *arg) {
+  thread_boot_t *b = arg;
+  void *(*fn)(void *) = b->fn;
+  atomic_store_explicit(&b->started, 1, memory_order_release);   /* b is gone from here on */
+  return fn(NULL);
+}
+
+/* Returns once the new thread runs: under qemu-user a new thread takes qemu's own clone lock once more after its
+ * creator's pthread_create has returned, and a fork at that moment leaves the lock held in the child for ever
+ * (docs/PLATFORMS.md); callers that serialise a creation with fork (core/background.c) cover that moment too. */
 int mld_thread_start(pthread_t *t, void *(*fn)(void *), size_t stack_size) {
   pthread_attr_t attr;
   sigset_t all, old;
+  thread_boot_t boot = {fn, 0};
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);   /* inherited by the new thread: every signal blocked from its start */
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   if (stack_size) pthread_attr_setstacksize(&attr, stack_size);
-  int rc = pthread_create(t, &attr, fn, NULL);
+  int rc = pthread_create(t, &attr, thread_boot, &boot);
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  for (unsigned i = 0; rc == 0 && !atomic_load_explicit(&boot.started, memory_order_acquire); i++) {
+    if (i < 64) sched_yield();
+    else nanosleep(&(struct timespec){0, 50000}, NULL);   /* not scheduled yet (one CPU, a busy machine) */
+  }
   return rc;
 }
 

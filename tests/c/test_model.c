@@ -146,7 +146,26 @@ static void release(blk_t *k) {
   M_free(k->p);
 }
 
+/* MALLARD_TEST_QEMU set (scripts/test-aarch64.sh): no fork while any thread starts or ends. qemu-user holds a lock
+ * of its own while a thread starts or ends, and a fork then leaves it held in the child for ever (the child's thread
+ * creation hangs, whatever the malloc): docs/PLATFORMS.md. Three rules: side threads create and join their threads
+ * under spawn_lock; main creates every thread under it and releases it only once each has run (a new thread takes
+ * qemu's lock once more after its creator's pthread_create returned); and no thread of main's returns before the
+ * forker has made its last fork (mt_leave; the forker's 40 forks do not wait for the other threads to end). */
+static bool spawn_serialized;
+static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(unsigned) threads_running;   /* main's threads that have started */
+static _Atomic(int) forks_done;             /* the forker made its last fork */
+static void spawn_begin(void) { if (spawn_serialized) pthread_mutex_lock(&spawn_lock); }
+static void spawn_end(void) { if (spawn_serialized) pthread_mutex_unlock(&spawn_lock); }
+static void mt_started(void) { atomic_fetch_add(&threads_running, 1); }
+static void mt_leave(void) {
+  if (!spawn_serialized) return;
+  while (!atomic_load(&forks_done)) usleep(1000);
+}
+
 static void *thread_main(void *arg) {
+  mt_started();
   unsigned id = (unsigned)(uintptr_t)arg;
   mt_rng_t r;
   mt_rng_seed(&r, seed * 1000003u + id);
@@ -286,22 +305,17 @@ static void *thread_main(void *arg) {
     }
   }
   while (nlive) release(&live[--nlive]);
+  mt_leave();
   return NULL;
 }
 
 /* ---- side threads, running while the workers do ---- */
 static _Atomic(int) side_stop;
-/* MALLARD_TEST_QEMU set (scripts/test-aarch64.sh): no fork while a side thread creates or joins a thread. qemu-user
- * holds a lock of its own while a thread starts or ends, and a fork then leaves it held in the child for ever (the
- * child's thread creation hangs, whatever the malloc): docs/PLATFORMS.md. */
-static bool spawn_serialized;
-static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
-static void spawn_begin(void) { if (spawn_serialized) pthread_mutex_lock(&spawn_lock); }
-static void spawn_end(void) { if (spawn_serialized) pthread_mutex_unlock(&spawn_lock); }
 
 /* mallard_collect (and malloc_trim where malloc is Mallard's) from a thread of its own. */
 static void *collector(void *arg) {
   (void)arg;
+  mt_started();
   for (unsigned i = 0; !atomic_load(&side_stop); i++) {
 #ifndef MT_PREFIX
     if (i % 3 == 2) malloc_trim(0);
@@ -311,6 +325,7 @@ static void *collector(void *arg) {
     atomic_fetch_add(&nops[OP_COLLECT], 1);
     usleep(2000);
   }
+  mt_leave();
   return NULL;
 }
 
@@ -335,6 +350,7 @@ static void small_life(unsigned salt) {
 static void *child_thread(void *arg) { small_life((unsigned)(uintptr_t)arg); return NULL; }
 static void *forker(void *arg) {
   (void)arg;
+  mt_started();
   for (unsigned i = 0; !atomic_load(&side_stop) && i < 40; i++) {
     int before = atomic_load(&mt_failures);
     spawn_begin();
@@ -354,6 +370,7 @@ static void *forker(void *arg) {
     atomic_fetch_add(&nops[OP_FORK], 1);
     usleep(5000);
   }
+  atomic_store(&forks_done, 1);
   return NULL;
 }
 #endif
@@ -362,6 +379,7 @@ static void *forker(void *arg) {
 static void *stack_thread(void *arg) { small_life((unsigned)(uintptr_t)arg); return NULL; }
 static void *stack_spawner(void *arg) {
   (void)arg;
+  mt_started();
   enum { STACK = 4 * 1024 * 1024 };   /* room for a sanitizer runtime's static TLS too */
   void *stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(stack != MAP_FAILED, "mmap(stack)");
@@ -379,6 +397,7 @@ static void *stack_spawner(void *arg) {
     atomic_fetch_add(&nops[OP_STACK_THREAD], 1);
   }
   munmap(stack, STACK);
+  mt_leave();
   return NULL;
 }
 
@@ -412,6 +431,7 @@ static void *tls_thread(void *arg) {
 }
 static void *tls_spawner(void *arg) {
   (void)arg;
+  mt_started();
   for (unsigned i = 0; !atomic_load(&side_stop) && i < 200; i++) {
     pthread_t t;
     spawn_begin();
@@ -419,6 +439,7 @@ static void *tls_spawner(void *arg) {
     pthread_join(t, NULL);
     spawn_end();
   }
+  mt_leave();
   return NULL;
 }
 #endif
@@ -433,6 +454,10 @@ int main(int argc, char **argv) {
   double t0 = mt_now();
   pthread_t t[NTHREADS], side[4];
   int nside = 0;
+#ifdef MT_NO_FORK
+  atomic_store(&forks_done, 1);   /* no forker */
+#endif
+  spawn_begin();   /* no fork until every thread below runs */
   REQUIRE(!pthread_create(&side[nside++], NULL, collector, NULL), "create");
   REQUIRE(!pthread_create(&side[nside++], NULL, stack_spawner, NULL), "create");
 #ifndef MT_TSAN
@@ -443,6 +468,8 @@ int main(int argc, char **argv) {
   REQUIRE(!pthread_create(&side[nside++], NULL, forker, NULL), "create");
 #endif
   for (uintptr_t i = 0; i < NTHREADS; i++) REQUIRE(!pthread_create(&t[i], NULL, thread_main, (void *)i), "create");
+  while (spawn_serialized && atomic_load(&threads_running) < (unsigned)(nside + NTHREADS)) usleep(1000);
+  spawn_end();
   for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
   atomic_store(&side_stop, 1);
   for (int i = 0; i < nside; i++) pthread_join(side[i], NULL);
