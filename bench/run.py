@@ -137,6 +137,10 @@ def plan(mode: str, data_dir: Path, only: list[str] | None = None, threads: list
                           stresses="realloc growth in place or by mremap, and shrinking",
                           figures=("ops_per_s",)))
     for t in tc[:2]:
+        cells.append(Cell("buffers", t, "c", ["-t", str(t), "-n", str(pick(200, 5000, 20000) // t), "-w", "16"],
+                          stresses="bursts of 1-16 medium buffers (16-256 KiB) of one size, taken and all given back: "
+                                   "medium pages emptied and refilled", figures=("ops_per_s",)))
+    for t in tc[:2]:
         cells.append(Cell("large", t, "c", ["-t", str(t), "-n", str(pick(20, 150, 300) // t), "-w", "4"],
                           stresses="large blocks (64 KiB-32 MiB): extent reuse, mmap/munmap and page faults",
                           figures=("ops_per_s",)))
