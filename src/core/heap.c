@@ -246,7 +246,10 @@ static void page_leave(heap_t *h, page_t *pg) {
 #ifdef MALLARD_SECURE
   secure_check_empty(pg);
 #endif
-  h->stats.cls[pg->size_class].npages_released++;
+  /* Under the heap lock, but possibly by a sweep abandoning a dead thread's heap while mld_stats_sum reads it
+   * (relaxed loads): a relaxed load and store, so that the reader's snapshot is a race-free one. */
+  uint64_t *rel = &h->stats.cls[pg->size_class].npages_released;
+  __atomic_store_n(rel, __atomic_load_n(rel, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
 }
 
