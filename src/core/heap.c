@@ -42,6 +42,17 @@ static void list_push_tail(page_list_t *l, page_t *pg) {
   if (l->tail) l->tail->next = pg; else l->head = pg;
   l->tail = pg;
 }
+/* The list's pages from its head through `last` move, in their order, to its tail: O(1), however many. */
+static void list_rotate_through(page_list_t *l, page_t *last) {
+  if (last == l->tail) return;   /* the whole list: already in that order */
+  page_t *first = l->head, *rest = last->next;
+  rest->prev = NULL;
+  l->head = rest;
+  l->tail->next = first;
+  first->prev = l->tail;
+  last->next = NULL;
+  l->tail = last;
+}
 
 /* in_full is read by threads sending remote frees (outbox.c): written atomically, always under the heap lock. */
 static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, v, __ATOMIC_RELAXED); }
@@ -441,7 +452,7 @@ void mld_heap_collect(heap_t *h, bool force) {
 /* Slots of a new page of class c: the class's page size (slab_sizes), except for the heap's first page of the class
  * (none of it on its lists), which gets the fewest slots that hold a block (in the secure variant, besides the guard
  * page any page may end in). A class used once or twice — mstress's rare 40-256 KiB blocks — then pins a page of
- * its block's size, not 4 to 8 blocks' worth, which a span reused from dirty memory keeps resident whole; a class
+ * its block's size, not several blocks' worth, which a span reused from dirty memory keeps resident whole; a class
  * in steady use gets full-size pages from its second page on. */
 static unsigned new_page_slots(const heap_t *h, unsigned c) {
   unsigned slots = mld_opt.page_slots[c];
@@ -503,19 +514,24 @@ static page_t *heap_find_page(heap_t *h, unsigned c) {
     park(h, c, pg);
     pg = next;
   }
-  /* Sweep the oldest full pages for remote frees before taking a new page. */
+  /* Sweep the oldest full pages for remote frees before taking a new page: the first found with a free block (remote
+   * frees waiting, or collected by a sweep that left it parked) goes back to the class list; those before it, found
+   * with none, move to the list's tail in their order (one splice: each is only read, its links left alone), so that
+   * the next refill looks at others first. */
+  page_t *last = NULL;
   pg = full->head;
   for (int i = 0; pg && i < SWEEP_LIMIT; i++) {
-    page_t *next = pg->next;
-    list_remove(full, pg);
-    if (mld_page_collect(pg)) {
+    if ((pg->free || mld_page_remote_waiting(pg)) && mld_page_collect(pg)) {
+      if (last) list_rotate_through(full, last);
+      list_remove(full, pg);
       set_in_full(pg, 0);
       list_push_head(avail, pg);
       return pg;
     }
-    list_push_tail(full, pg);
-    pg = next;
+    last = pg;
+    pg = pg->next;
   }
+  if (last) list_rotate_through(full, last);
   return heap_new_page(h, c);
 }
 
