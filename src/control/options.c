@@ -124,9 +124,16 @@ static void set_defaults(void) {
   mld_opt.guard_action = MLD_GUARD_ABORT;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     size_t bs = mld_class_size[c];
-    /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, at most 1 MiB. The secure variant:
-     * room for a block besides a guard page (two slots for every class at 64 KiB pages). */
+    /* Small classes use one 64 KiB slot; medium ones enough slots for ~8 blocks, in the fast variant at most
+     * MLD_MEDIUM_PAGE_SLOTS (256 KiB: from 40 KiB a page holds fewer, one from 160 KiB), in the secure one at most
+     * 1 MiB; every page holds a block. Pages of 8 blocks of 128-256 KiB held programs that keep one or two blocks
+     * of a class per thread (mstress) or take them in bursts of a few (an I/O buffer pool) at several times their
+     * blocks (docs/PERFORMANCE.md, issue 39's fifteenth pass). The secure variant: room for a block besides a
+     * guard page (two slots for every class at 64 KiB pages). */
     size_t slots = bs <= MLD_SMALL_MAX ? 1 : (8 * bs + MLD_SLOT_SIZE - 1) / MLD_SLOT_SIZE;
+#ifndef MALLARD_SECURE
+    if (slots > MLD_MEDIUM_PAGE_SLOTS) slots = MLD_MEDIUM_PAGE_SLOTS;
+#endif
     size_t fit = (bs + slab_guard_bytes() + MLD_SLOT_SIZE - 1) / MLD_SLOT_SIZE;
     if (slots < fit) slots = fit;
     mld_opt.page_slots[c] = (unsigned)(slots > MLD_MAX_PAGE_SLOTS ? MLD_MAX_PAGE_SLOTS : slots);

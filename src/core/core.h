@@ -31,6 +31,7 @@
 #define MLD_LARGE_MAX (2 * 1024 * 1024)                   /* up to here: slot spans; above: huge mappings */
 #define MLD_NUM_CLASSES 52
 #define MLD_MAX_PAGE_SLOTS 16
+#define MLD_MEDIUM_PAGE_SLOTS 4                           /* fast variant: default medium pages at most this many slots */
 #ifdef MALLARD_SECURE
 #define MLD_SPAN_USES (MLD_MAX_PAGE_SLOTS + 1)          /* segments hold large blocks (0) or small pages of one size */
 #else

@@ -5,8 +5,9 @@
  * dirty_decay_ms:10000): memory one automatic arena holds freed and resident is reused by a thread of another before it
  * maps more (arena.c borrow_dirty); `apart` (the same options): an arena made by arenas.create keeps its own;
  * `dirty_first` (the same): a span is cut from resident memory before purged memory is faulted in again;
- * `first_page`: a heap's first page of a medium class is about one block's size, not the class's 1 MiB. Built for
- * ThreadSanitizer too. */
+ * `first_page` (slab_sizes:160K-256K:16): a heap's first page of a medium class is about one block's size, not the
+ * class's 1 MiB; `medium_pages` (defaults): a medium class's pages are at most 256 KiB, or one block's size where a
+ * block needs more. Built for ThreadSanitizer too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <sys/mman.h>
@@ -180,7 +181,8 @@ static void case_dirty_first(void) {
   M_free(pad);
 }
 
-/* ---- first_page: a heap's first page of a medium class holds about one block, its next ones the class's page ---- */
+/* ---- first_page (slab_sizes:160K-256K:16): under pages of several blocks, a heap's first page of a medium class
+ * holds about one block, its next ones the class's page ---- */
 static void case_first_page(void) {
   enum { BIG = 200 * 1024 };   /* the 224 KiB class: 1 MiB pages (slab_sizes), 4 slots hold one block */
   M_free(M_malloc(16));
@@ -204,6 +206,37 @@ static void case_first_page(void) {
   M_free(c);
 }
 
+/* ---- medium_pages (defaults): a medium class's pages are at most 256 KiB (4 slots), or the fewest slots that hold a
+ * block, so that a thread holding a few blocks of a class pins about their size, not up to 1 MiB (mstress, issue 39).
+ * A heap's first page of a class holds one block; N blocks then take at most 1 + ceil((N - 1) / per page) pages. */
+static void case_medium_pages(void) {
+  static const size_t sizes[] = { 20 * 1024, 50 * 1024, 100 * 1024, 200 * 1024 };
+  enum { N = 6, SLOT = 64 * 1024, CAP = 4 * SLOT };
+  M_free(M_malloc(16));
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t before = active();
+    uint8_t *p[N];
+    for (int k = 0; k < N; k++) {
+      p[k] = M_malloc(sizes[i]);
+      REQUIRE(p[k], "malloc(%zu)", sizes[i]);
+      mt_fill(p[k], sizes[i], (uint64_t)k);
+    }
+    size_t grew = active() - before;
+    size_t bs = M_usable(p[0]);                                /* the class's block size */
+    size_t fit = (bs + SLOT - 1) / SLOT * SLOT;                 /* the fewest slots that hold one block */
+    size_t page = fit > CAP ? fit : CAP, per_page = page / bs;
+    size_t limit = fit + (N - 1 + per_page - 1) / per_page * page;
+    printf("medium_pages: %d blocks of %zu bytes (class %zu) made %zu KiB active; at most %zu KiB expected\n", N,
+           sizes[i], bs, grew / 1024, limit / 1024);
+    CHECK(grew <= limit, "%d blocks of %zu bytes took %zu KiB of pages, more than %zu KiB", N, sizes[i], grew / 1024,
+          limit / 1024);
+    for (int k = 0; k < N; k++) {
+      CHECK(mt_verify(p[k], sizes[i], (uint64_t)k) == sizes[i], "block %d of %zu bytes damaged", k, sizes[i]);
+      M_free(p[k]);
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "busy";
   if (!strcmp(c, "busy")) case_busy();
@@ -212,6 +245,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(c, "apart")) case_apart();
   else if (!strcmp(c, "dirty_first")) case_dirty_first();
   else if (!strcmp(c, "first_page")) case_first_page();
-  else REQUIRE(0, "unknown case %s (busy, idle, borrow, apart, dirty_first, first_page)", c);
+  else if (!strcmp(c, "medium_pages")) case_medium_pages();
+  else REQUIRE(0, "unknown case %s (busy, idle, borrow, apart, dirty_first, first_page, medium_pages)", c);
   return mt_result("reclaim");
 }

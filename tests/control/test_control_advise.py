@@ -12,7 +12,8 @@ MALLARD = [sys.executable, "-m", "mallard_cli"]
 # workload -> (MALLARD_CONF for the run, the advice it must trigger, a fragment of the suggested line)
 CASES = {
     "contention": ("narenas:1,dirty_decay_ms:0", "Threads contend for arena locks", "MALLARD_CONF=narenas:"),
-    "refills": ("", "go back and forth between threads and the arena", "slab_sizes:114688-114688:16"),
+    # the 112 KiB class's default page is 4 slots (2 blocks): the advice doubles it
+    "refills": ("", "go back and forth between threads and the arena", "slab_sizes:114688-114688:8"),
     "dirty": ("dirty_decay_ms:60000,background_thread:false", "Much freed memory stays resident",
               "background_thread:true"),
     "metadata": ("", "working set is tiny next to the allocator's own overhead", "MALLARD_CONF=narenas:1,page_cache:0"),

@@ -63,7 +63,10 @@ def test_defaults(probe):
         assert opts[k] == v, k
     assert int(opts["narenas"]) == len(os.sched_getaffinity(0))
     assert opts["slab.16"] == str(64 << 10)
-    assert opts["slab.262144"] == str(1 << 20)
+    # medium pages: ~8 blocks, at most 4 slots in the fast variant, always room for one block
+    assert opts["slab.10240"] == str(128 << 10)
+    assert opts["slab.114688"] == str(256 << 10)
+    assert opts["slab.262144"] == str(256 << 10)
 
 
 @pytest.mark.parametrize("conf,key,expected", VALID)
