@@ -211,7 +211,7 @@ static void case_first_page(void) {
  * A heap's first page of a class holds one block; N blocks then take at most 1 + ceil((N - 1) / per page) pages. */
 static void case_medium_pages(void) {
   static const size_t sizes[] = { 20 * 1024, 50 * 1024, 100 * 1024, 200 * 1024 };
-  enum { N = 6, SLOT = 64 * 1024, CAP = 4 * SLOT };
+  enum { N = 6, CAP = 4 * SLOT };   /* SLOT: the file's 64 KiB slot (above) */
   M_free(M_malloc(16));
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     size_t before = active();
