@@ -148,6 +148,11 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     mld_stats_sum(&hs);
     READ(uint64_t, hs.pages_handed_over);
   }
+  if (!strcmp(n, "pages_claimed")) {   /* other threads' parked pages, every block freed, taken as new pages (heap.c) */
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    READ(uint64_t, hs.pages_claimed);
+  }
   mld_global_stats(&g);
   if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
   if (!strcmp(n, "active")) READ(size_t, g.active);

@@ -466,6 +466,59 @@ static unsigned new_page_slots(const heap_t *h, unsigned c) {
   return first < slots ? (unsigned)first : slots;
 }
 
+/* Claim: before a heap takes a span for a new page of class c, another heap's parked page of that class whose every
+ * block has come back as a published remote free becomes its own. Such a page is free memory that only its owner
+ * could reuse, and only once its own class ran dry: an owner blocked or busy elsewhere (xmalloc's producer waiting on
+ * a full queue, an orphan waiting for a thread to take it over) keeps it parked while the threads that freed into it
+ * fill new pages (rptest/t4: twice the peak RSS). Safe with the owner running on, as sweep_parked is (its lock held):
+ * a parked page's `used` changes only under that lock, and a published count equal to it proves that nobody holds a
+ * block of it (blocks still in an outbox are counted in `used`, not published), so nobody can reach it. h's lock is
+ * held: the registry and the other heaps' locks are only tried, so no lock order is needed. Heaps bound to an arena
+ * (arenas.create) neither give nor take. Bounded: at most CLAIM_HEAPS heaps and CLAIM_PAGES pages of each. */
+#define CLAIM_HEAPS 16
+#define CLAIM_PAGES 16
+static page_t *claim_from(heap_t *o, unsigned c) {   /* o's lock held */
+  page_list_t *lists[2] = { &o->full[c], &o->avail[c] };
+  unsigned n = 0;
+  for (int k = 0; k < 2; k++) {
+    for (page_t *pg = lists[k]->head; pg && n < CLAIM_PAGES; pg = pg->next, n++) {
+      if (pg == o->current[c]) continue;   /* `current` changes only under o's lock */
+      size_t waiting = mld_page_remote_published(pg);
+      if (waiting == 0 || waiting != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) continue;
+      MLD_RACE_WINDOW();   /* its owner runs on meanwhile: it holds no block of this page */
+      list_remove(lists[k], pg);
+      mld_page_collect_remote(pg);
+#ifdef MALLARD_SECURE
+      secure_check_empty(pg);
+#endif
+      /* Counted in the shared record, as sweep_parked's: the owner writes its own counters without the lock. */
+      __atomic_fetch_add(&mld_orphan_stats.cls[c].npages_released, 1, __ATOMIC_RELAXED);
+      atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+      return pg;
+    }
+  }
+  return NULL;
+}
+
+static page_t *claim_parked(heap_t *h, unsigned c) {
+  if (h->bound || h == &mld_exit_heap || pthread_mutex_trylock(&mld_heaps_mutex) != 0) return NULL;
+  page_t *got = NULL;
+  unsigned heaps = 0;
+  for (heap_t *o = mld_heaps_all; o && !got && heaps < CLAIM_HEAPS; o = o->next_all) {
+    if (o == h || o->bound) continue;
+    heaps++;
+    if (!mld_spin_trylock(&o->lock)) continue;
+    got = claim_from(o, c);
+    mld_spin_unlock(&o->lock);
+  }
+  pthread_mutex_unlock(&mld_heaps_mutex);
+  if (!got) return NULL;
+  mld_page_init(got, c, h);   /* in_full 0, `heap` h (release) */
+  h->stats.cls[c].npages++;
+  h->stats.pages_claimed++;
+  return got;
+}
+
 static page_t *heap_new_page(heap_t *h, unsigned c) {
   arena_t *a = mld_heap_arena(h);
   page_t *pg;
@@ -488,7 +541,7 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
     h->stats.cls[c].npages_cached++;
-  } else {
+  } else if ((pg = claim_parked(h, c)) == NULL) {
     bool zero;
     pg = mld_arena_alloc_span_kind(a, slots, PAGE_SMALL, &zero);
     if (!pg) return NULL;
@@ -555,6 +608,9 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
     h = mld_heap_get();
     if (!h) { errno = ENOMEM; return NULL; }
   }
+  /* A refill is a good moment to send the batches (none waits past it), and before it: a page whose last frees
+   * wait in this outbox can be claimed (claim_parked) only once they are published. */
+  if (h->outbox_ops) mld_outbox_flush(h);
   mld_spin_lock(&h->lock);
   uint64_t now = mld_now_ms();
   atomic_store_explicit(&h->last_slow_ms, now, memory_order_relaxed);
@@ -568,7 +624,6 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
   }
   block_t *b = heap_refill_pop(h, c);
   mld_spin_unlock(&h->lock);
-  if (h->outbox_ops) mld_outbox_flush(h);   /* a refill is a good moment: no batch waits past it */
   if (unlikely(!b)) { errno = ENOMEM; return NULL; }
   h->stats.cls[c].nmalloc++;
   h->stats.cls[c].nrefills++;

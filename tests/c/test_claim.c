@@ -1,0 +1,256 @@
+/* test_claim.c — a thread that needs a new page takes another thread's parked page whose every block has been freed
+ * (heap.c claim_parked): `take` checks that it happens while that page's owner is blocked, and that the claimed blocks
+ * are sound; `current` that an owner's current page is never claimed; `race` has owners freeing their own blocks of parked pages (the locked path) while other threads free
+ * the rest remotely and claim those pages as they empty, every block carrying a pattern checked before it is freed.
+ * `race` is built for ThreadSanitizer and the race-delay build too. */
+#include "mtest.h"
+#include <pthread.h>
+#include <sched.h>
+
+static uint64_t claimed(void) { return mt_ctl_u64("stats.pages_claimed"); }
+
+/* Send this thread's outbox (its remote frees, batched per page) now. */
+static void flush_outbox(void) {
+  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
+}
+
+static bool in_pages(void *const *blocks, size_t n, const void *p) {   /* small pages are one 64 KiB slot */
+  for (size_t i = 0; i < n; i++)
+    if (((uintptr_t)blocks[i] >> 16) == ((uintptr_t)p >> 16)) return true;
+  return false;
+}
+
+/* ---- take ---- */
+enum { TBLOCKS = 16384, TSIZE = 64 };   /* 16 pages of 1024 blocks: all but the current one parked */
+static void *tblk[TBLOCKS];
+static pthread_mutex_t tmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t tcv = PTHREAD_COND_INITIALIZER;
+static int tstage;   /* 1: the owner's blocks are ready; 2: the owner may exit */
+
+static void tstage_set(int s) {
+  pthread_mutex_lock(&tmu);
+  tstage = s;
+  pthread_cond_broadcast(&tcv);
+  pthread_mutex_unlock(&tmu);
+}
+static void tstage_wait(int s) {
+  pthread_mutex_lock(&tmu);
+  while (tstage < s) pthread_cond_wait(&tcv, &tmu);
+  pthread_mutex_unlock(&tmu);
+}
+
+static void *take_owner(void *arg) {
+  (void)arg;
+  for (size_t i = 0; i < TBLOCKS; i++) {
+    tblk[i] = M_malloc(TSIZE);
+    REQUIRE(tblk[i], "malloc");
+    mt_fill(tblk[i], TSIZE, i);
+  }
+  tstage_set(1);
+  tstage_wait(2);   /* blocked: it never refills, so only a claim can reuse its pages */
+  return NULL;
+}
+
+/* Run with background_thread:false: no sweep gives the owner's emptied parked pages back to the arena first. */
+static int run_take(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, take_owner, NULL) == 0, "pthread_create");
+  tstage_wait(1);
+  uint64_t before = claimed();
+  for (size_t i = 0; i < TBLOCKS; i++) {   /* every block comes back, as remote frees */
+    size_t bad = mt_verify(tblk[i], TSIZE, i);
+    CHECK(bad == TSIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(tblk[i]));
+  }
+  flush_outbox();
+  enum { MINE = 8192 };
+  static void *mine[MINE];
+  size_t inside = 0;
+  for (size_t i = 0; i < MINE; i++) {
+    mine[i] = M_malloc(TSIZE);
+    REQUIRE(mine[i], "malloc");
+    mt_fill(mine[i], TSIZE, 1000000 + i);
+    inside += in_pages(tblk, TBLOCKS, mine[i]);
+  }
+  uint64_t got = claimed() - before;
+  CHECK(got > 0, "no page of the blocked owner was claimed");
+  CHECK(inside > 0, "none of %d new blocks came from the owner's emptied pages", MINE);
+  for (size_t i = 0; i < MINE; i++) {   /* a block handed out twice would carry another's pattern */
+    size_t bad = mt_verify(mine[i], TSIZE, 1000000 + i);
+    CHECK(bad == TSIZE, "new block %zu damaged at %zu", i, bad);
+  }
+  tstage_set(2);
+  pthread_join(t, NULL);   /* the owner's heap becomes an orphan: our blocks in its old pages are ours */
+  for (size_t i = 0; i < MINE; i++) M_free(mt_hide(mine[i]));
+  printf("take: %llu pages claimed, %zu of %d new blocks in them\n", (unsigned long long)got, inside, MINE);
+  return mt_result("claim take");
+}
+
+/* ---- current ---- */
+/* An owner's current page is never claimed, even with every block freed: its fast path allocates from it without
+ * the lock. The owner fills exactly one page (still its current one), another thread frees every block and then
+ * allocates the same class: its blocks must come from elsewhere, and the owner's next ones from its own page. */
+enum { CSIZE = 128, CBLOCKS = 512 };   /* one 64 KiB page */
+static void *cblk[CBLOCKS];
+
+static void *current_owner(void *arg) {
+  (void)arg;
+  for (size_t i = 0; i < CBLOCKS; i++) {
+    cblk[i] = M_malloc(CSIZE);
+    REQUIRE(cblk[i], "malloc");
+    mt_fill(cblk[i], CSIZE, i);
+  }
+  tstage_set(1);
+  tstage_wait(2);
+  enum { AGAIN = 100 };
+  void *again[AGAIN];
+  size_t shared = 0;
+  for (size_t i = 0; i < AGAIN; i++) {
+    again[i] = M_malloc(CSIZE);
+    REQUIRE(again[i], "malloc");
+    shared += in_pages(tblk, CBLOCKS, again[i]);   /* tblk: the other thread's new blocks */
+  }
+  CHECK(shared == 0, "%zu of the owner's %d new blocks are in a page the other thread allocates from", shared, AGAIN);
+  for (size_t i = 0; i < AGAIN; i++) M_free(mt_hide(again[i]));
+  return NULL;
+}
+
+static int run_current(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, current_owner, NULL) == 0, "pthread_create");
+  tstage_wait(1);
+  for (size_t i = 0; i < CBLOCKS; i++) {
+    size_t bad = mt_verify(cblk[i], CSIZE, i);
+    CHECK(bad == CSIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(cblk[i]));
+  }
+  flush_outbox();
+  for (size_t i = 0; i < CBLOCKS; i++) {   /* tblk is free for this case: it holds our new blocks */
+    tblk[i] = M_malloc(CSIZE);
+    REQUIRE(tblk[i], "malloc");
+  }
+  CHECK(!in_pages(cblk, 1, tblk[0]), "the owner's current page was claimed");
+  tstage_set(2);
+  pthread_join(t, NULL);
+  for (size_t i = 0; i < CBLOCKS; i++) M_free(mt_hide(tblk[i]));
+  return mt_result("claim current");
+}
+
+/* ---- race ---- */
+/* Pairs of threads: an owner allocates a round's blocks (its pages park as they fill), then frees its even blocks of
+ * 48 and 64 bytes itself (parked pages: the locked path, which puts them back on the class list) and churns other
+ * sizes; its partner frees the rest remotely (all of the 128-byte blocks: those pages stay parked) and allocates as
+ * it goes, claiming the owner's pages as they empty, while the other pair does the same. */
+enum { PAIRS = 2, RBLOCKS = 12288, RROUNDS = 100 };
+static const size_t rsizes[] = { 48, 64, 128 };
+static void *rblk[PAIRS][RBLOCKS];
+static pthread_barrier_t rbar;
+
+static size_t rsize(size_t i) { return rsizes[i % 3]; }
+static bool owner_frees(size_t i) { return i % 2 == 0 && rsize(i) != 128; }
+static uint64_t rtag(uintptr_t pair, int round, size_t i) { return ((uint64_t)pair << 40) | ((uint64_t)round << 24) | i; }
+
+static void *race_owner(void *arg) {
+  uintptr_t p = (uintptr_t)arg;
+  mt_rng_t rng;
+  mt_rng_seed(&rng, p + 1);
+  for (int r = 0; r < RROUNDS; r++) {
+    for (size_t i = 0; i < RBLOCKS; i++) {
+      rblk[p][i] = M_malloc(rsize(i));
+      REQUIRE(rblk[p][i], "malloc");
+      mt_fill(rblk[p][i], rsize(i), rtag(p, r, i));
+    }
+    pthread_barrier_wait(&rbar);   /* the round's blocks are ready */
+    for (size_t i = 0; i < RBLOCKS; i++) {
+      if (!owner_frees(i)) continue;
+      size_t bad = mt_verify(rblk[p][i], rsize(i), rtag(p, r, i));
+      CHECK(bad == rsize(i), "owner %zu round %d block %zu damaged at %zu", (size_t)p, r, i, bad);
+      M_free(mt_hide(rblk[p][i]));
+      if ((i & 254) == 0) {   /* busy meanwhile: refills of other classes */
+        size_t n = 200 + mt_rng_below(&rng, 2000);
+        void *q = M_malloc(n);
+        REQUIRE(q, "malloc");
+        mt_fill(q, n, i);
+        CHECK(mt_verify(q, n, i) == n, "owner %zu churn block damaged", (size_t)p);
+        M_free(mt_hide(q));
+        /* A burst from the class whose pages the partner empties: from the owner's current page, which is never
+         * claimed (the fast path allocates from it without the lock: both threads would pop the same list). */
+        enum { BURST = 64 };
+        void *bq[BURST];
+        for (size_t k = 0; k < BURST; k++) {
+          bq[k] = M_malloc(128);
+          REQUIRE(bq[k], "malloc");
+          mt_fill(bq[k], 128, (uint64_t)i << 8 | k);
+        }
+        sched_yield();
+        for (size_t k = 0; k < BURST; k++) {
+          CHECK(mt_verify(bq[k], 128, (uint64_t)i << 8 | k) == 128, "owner %zu burst block damaged", (size_t)p);
+          M_free(mt_hide(bq[k]));
+        }
+      }
+    }
+    pthread_barrier_wait(&rbar);   /* both halves are back: the next round may reuse the array */
+  }
+  return NULL;
+}
+
+/* The partner keeps each round's new blocks until the end of the next round, so that every round needs new pages. */
+static void *race_partner(void *arg) {
+  uintptr_t p = (uintptr_t)arg;
+  static void *mine[PAIRS][2][RBLOCKS];   /* [i]: the new block allocated as block i was freed */
+  for (int r = 0; r <= RROUNDS; r++) {
+    if (r < RROUNDS) {
+      pthread_barrier_wait(&rbar);
+      void **now = mine[p][r & 1];
+      for (size_t i = 0; i < RBLOCKS; i++) {
+        if (owner_frees(i)) continue;
+        size_t bad = mt_verify(rblk[p][i], rsize(i), rtag(p, r, i));
+        CHECK(bad == rsize(i), "partner %zu round %d block %zu damaged at %zu", (size_t)p, r, i, bad);
+        M_free(mt_hide(rblk[p][i]));
+        /* New blocks of the same classes as the frees go on: the owner's emptied pages are there to claim. */
+        now[i] = M_malloc(rsize(i));
+        REQUIRE(now[i], "malloc");
+        mt_fill(now[i], rsize(i), rtag(p + PAIRS, r, i));
+      }
+      flush_outbox();
+    }
+    if (r > 0) {   /* the previous round's */
+      void **old = mine[p][(r - 1) & 1];
+      for (size_t i = 0; i < RBLOCKS; i++) {
+        if (owner_frees(i)) continue;
+        size_t bad = mt_verify(old[i], rsize(i), rtag(p + PAIRS, r - 1, i));
+        CHECK(bad == rsize(i), "partner %zu round %d new block %zu damaged at %zu", (size_t)p, r - 1, i, bad);
+        M_free(mt_hide(old[i]));
+      }
+    }
+    if (r < RROUNDS) pthread_barrier_wait(&rbar);
+  }
+  return NULL;
+}
+
+static int run_race(void) {
+  uint64_t before = claimed();
+  REQUIRE(pthread_barrier_init(&rbar, NULL, 2 * PAIRS) == 0, "pthread_barrier_init");
+  pthread_t o[PAIRS], q[PAIRS];
+  for (uintptr_t i = 0; i < PAIRS; i++) {
+    REQUIRE(pthread_create(&o[i], NULL, race_owner, (void *)i) == 0, "pthread_create");
+    REQUIRE(pthread_create(&q[i], NULL, race_partner, (void *)i) == 0, "pthread_create");
+  }
+  for (int i = 0; i < PAIRS; i++) {
+    pthread_join(o[i], NULL);
+    pthread_join(q[i], NULL);
+  }
+  uint64_t got = claimed() - before;
+  printf("race: %llu pages claimed\n", (unsigned long long)got);
+  CHECK(got > 0, "no page was claimed: the race was not exercised");
+  return mt_result("claim race");
+}
+
+int main(int argc, char **argv) {
+  const char *what = argc > 1 ? argv[1] : "take";
+  if (!strcmp(what, "take")) return run_take();
+  if (!strcmp(what, "current")) return run_current();
+  if (!strcmp(what, "race")) return run_race();
+  fprintf(stderr, "usage: %s take|current|race\n", argv[0]);
+  return 2;
+}
