@@ -261,6 +261,8 @@ typedef struct heap_s {
    * pages at a refill (at most every MLD_RECLAIM_MS), collecting them and giving back pages left empty (heap.c). */
   _Atomic(int) reclaim_wanted;
   uint64_t reclaim_ms;                   /* the owner's last such walk, plus 1 ms per 64 pages it walked */
+  /* Claims (heap.c claim_parked) that found nothing in a row, and the new pages to take before the next try. */
+  uint32_t claim_misses, claim_skip;
   unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;

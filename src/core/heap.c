@@ -466,17 +466,22 @@ static unsigned new_page_slots(const heap_t *h, unsigned c) {
   return first < slots ? (unsigned)first : slots;
 }
 
-/* Claim: before a heap takes a span for a new page of class c, another heap's parked page of that class whose every
- * block has come back as a published remote free becomes its own. Such a page is free memory that only its owner
- * could reuse, and only once its own class ran dry: an owner blocked or busy elsewhere (xmalloc's producer waiting on
- * a full queue, an orphan waiting for a thread to take it over) keeps it parked while the threads that freed into it
- * fill new pages (rptest/t4: twice the peak RSS). Safe with the owner running on, as sweep_parked is (its lock held):
- * a parked page's `used` changes only under that lock, and a published count equal to it proves that nobody holds a
- * block of it (blocks still in an outbox are counted in `used`, not published), so nobody can reach it. h's lock is
- * held: the registry and the other heaps' locks are only tried, so no lock order is needed. Heaps bound to an arena
- * (arenas.create) neither give nor take. Bounded: at most CLAIM_HEAPS heaps and CLAIM_PAGES pages of each. */
-#define CLAIM_HEAPS 16
+/* Claim: before a heap takes a span for a new page of class c, another heap's page of that class whose every handed-out
+ * block has come back as a published remote free becomes its own: parked, or on the class list and not current. Such
+ * a page is free memory that only its owner could reuse, and only once its own class ran dry: an owner blocked or busy
+ * elsewhere (xmalloc's producer waiting on a full queue, an orphan waiting for a thread to take it over) keeps it
+ * while the threads that freed into it fill new pages (rptest/t4: twice the peak RSS). Safe with the owner running
+ * on, as the sweep's sweep_unparked and sweep_parked are (under its lock): the count read before `used` (acquire)
+ * equal to it proves that the owner holds no block of the page (blocks still in an outbox are counted in `used`, not
+ * published), and a page that is not current is reached only through a block. h's lock is held: the registry and the
+ * other heaps' locks are only tried, so no lock order is needed. Heaps bound to an arena (arenas.create) neither give
+ * nor take. Bounded: only heaps that remote frees went into since their last walk (reclaim_wanted, read first), at
+ * most CLAIM_HEAPS of them locked and CLAIM_PAGES pages of each looked at, and after a try that found nothing the
+ * next 1, 3, 7, ... 63 new pages are taken without one (a heap growing while others are busy pays ~1/64 of a walk). */
+#define CLAIM_HEAPS 8
+#define CLAIM_VISITS 32
 #define CLAIM_PAGES 16
+#define CLAIM_BACKOFF_MAX 3
 static page_t *claim_from(heap_t *o, unsigned c) {   /* o's lock held */
   page_list_t *lists[2] = { &o->full[c], &o->avail[c] };
   unsigned n = 0;
@@ -501,18 +506,32 @@ static page_t *claim_from(heap_t *o, unsigned c) {   /* o's lock held */
 }
 
 static page_t *claim_parked(heap_t *h, unsigned c) {
-  if (h->bound || h == &mld_exit_heap || pthread_mutex_trylock(&mld_heaps_mutex) != 0) return NULL;
+  if (h->bound || h == &mld_exit_heap) return NULL;
+  if (h->claim_skip) {
+    h->claim_skip--;
+    return NULL;
+  }
+  /* No sweep asked for: no remote free went into a page that is not current since the last sweep, which leaves only
+   * busy heaps' pages behind, and asks again while any of those waits (parked_pending). */
+  if (!atomic_load_explicit(&mld_sweep_since, memory_order_relaxed)) return NULL;
+  if (pthread_mutex_trylock(&mld_heaps_mutex) != 0) return NULL;
   page_t *got = NULL;
-  unsigned heaps = 0;
-  for (heap_t *o = mld_heaps_all; o && !got && heaps < CLAIM_HEAPS; o = o->next_all) {
-    if (o == h || o->bound) continue;
+  unsigned visits = 0, heaps = 0;
+  for (heap_t *o = mld_heaps_all; o && !got && heaps < CLAIM_HEAPS && visits < CLAIM_VISITS; o = o->next_all) {
+    visits++;
+    if (o == h || o->bound || !atomic_load_explicit(&o->reclaim_wanted, memory_order_relaxed)) continue;
     heaps++;
     if (!mld_spin_trylock(&o->lock)) continue;
     got = claim_from(o, c);
     mld_spin_unlock(&o->lock);
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
-  if (!got) return NULL;
+  if (!got) {
+    if (h->claim_misses < CLAIM_BACKOFF_MAX) h->claim_misses++;
+    h->claim_skip = (1u << h->claim_misses) - 1;
+    return NULL;
+  }
+  h->claim_misses = 0;
   mld_page_init(got, c, h);   /* in_full 0, `heap` h (release) */
   h->stats.cls[c].npages++;
   h->stats.pages_claimed++;

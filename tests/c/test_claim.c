@@ -1,6 +1,7 @@
 /* test_claim.c — a thread that needs a new page takes another thread's parked page whose every block has been freed
  * (heap.c claim_parked): `take` checks that it happens while that page's owner is blocked, and that the claimed blocks
- * are sound; `current` that an owner's current page is never claimed; `race` has owners freeing their own blocks of parked pages (the locked path) while other threads free
+ * are sound; `current` that an owner's current page is never claimed; `outbox` that a refill sends the thread's own
+ * last frees into such a page before it looks for one; `race` has owners freeing their own blocks of parked pages (the locked path) while other threads free
  * the rest remotely and claim those pages as they empty, every block carrying a pattern checked before it is freed.
  * `race` is built for ThreadSanitizer and the race-delay build too. */
 #include "mtest.h"
@@ -87,10 +88,11 @@ static int run_take(void) {
 }
 
 /* ---- current ---- */
-/* An owner's current page is never claimed, even with every block freed: its fast path allocates from it without
- * the lock. The owner fills exactly one page (still its current one), another thread frees every block and then
- * allocates the same class: its blocks must come from elsewhere, and the owner's next ones from its own page. */
-enum { CSIZE = 128, CBLOCKS = 512 };   /* one 64 KiB page */
+/* An owner's current page is never claimed, even with every block freed: its fast path allocates from it without the
+ * lock. The owner fills exactly two pages (the first parked, the second still its current one); another thread frees
+ * every block (the sends into the parked page flag the owner for claims) and then allocates two pages' worth of the
+ * class: it claims the parked page, never the current one, and the owner's next blocks come from its own page. */
+enum { CSIZE = 128, CPAGE = 512, CBLOCKS = 2 * CPAGE };   /* 512 blocks: one 64 KiB page */
 static void *cblk[CBLOCKS];
 
 static void *current_owner(void *arg) {
@@ -119,21 +121,64 @@ static int run_current(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, current_owner, NULL) == 0, "pthread_create");
   tstage_wait(1);
+  REQUIRE(((uintptr_t)cblk[0] >> 16) != ((uintptr_t)cblk[CBLOCKS - 1] >> 16), "the owner's blocks are in one page");
+  uint64_t before = claimed();
   for (size_t i = 0; i < CBLOCKS; i++) {
     size_t bad = mt_verify(cblk[i], CSIZE, i);
     CHECK(bad == CSIZE, "block %zu damaged at %zu", i, bad);
     M_free(mt_hide(cblk[i]));
   }
   flush_outbox();
+  size_t in_current = 0;
   for (size_t i = 0; i < CBLOCKS; i++) {   /* tblk is free for this case: it holds our new blocks */
     tblk[i] = M_malloc(CSIZE);
     REQUIRE(tblk[i], "malloc");
+    in_current += in_pages(cblk + CBLOCKS - 1, 1, tblk[i]);
   }
-  CHECK(!in_pages(cblk, 1, tblk[0]), "the owner's current page was claimed");
+  CHECK(claimed() > before, "the owner's parked page was not claimed (the case tests nothing)");
+  CHECK(in_current == 0, "the owner's current page was claimed: %zu of our blocks are in it", in_current);
   tstage_set(2);
   pthread_join(t, NULL);
   for (size_t i = 0; i < CBLOCKS; i++) M_free(mt_hide(tblk[i]));
   return mt_result("claim current");
+}
+
+/* ---- outbox ---- */
+/* A refill sends the thread's outbox before it looks for a page, so that a page whose last frees wait there can be
+ * claimed at once: the owner fills a page of 48-byte blocks (1365: 21 batches of 64 and one of 21, which stays in
+ * the freeing thread's outbox) and starts another; this thread frees the first page's blocks and allocates one block
+ * of the class, with no flush of its own. */
+enum { OSIZE = 48, OPAGE = 1365, OBLOCKS = OPAGE + 10 };
+static void *oblk[OBLOCKS];
+
+static void *outbox_owner(void *arg) {
+  (void)arg;
+  for (size_t i = 0; i < OBLOCKS; i++) {
+    oblk[i] = M_malloc(OSIZE);
+    REQUIRE(oblk[i], "malloc");
+  }
+  tstage_set(1);
+  tstage_wait(2);
+  for (size_t i = OPAGE; i < OBLOCKS; i++) M_free(mt_hide(oblk[i]));
+  return NULL;
+}
+
+static int run_outbox(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, outbox_owner, NULL) == 0, "pthread_create");
+  tstage_wait(1);
+  REQUIRE(((uintptr_t)oblk[0] >> 16) == ((uintptr_t)oblk[OPAGE - 1] >> 16) &&
+          ((uintptr_t)oblk[0] >> 16) != ((uintptr_t)oblk[OPAGE] >> 16), "the owner's first page is not blocks 0-1364");
+  uint64_t before = claimed();
+  for (size_t i = 0; i < OPAGE; i++) M_free(mt_hide(oblk[i]));
+  void *p = M_malloc(OSIZE);   /* this thread's first page of the class */
+  REQUIRE(p, "malloc");
+  CHECK(claimed() > before, "the page whose last frees waited in this thread's outbox was not claimed");
+  CHECK(in_pages(oblk, 1, p), "the new block is not in the owner's emptied page");
+  M_free(mt_hide(p));
+  tstage_set(2);
+  pthread_join(t, NULL);
+  return mt_result("claim outbox");
 }
 
 /* ---- race ---- */
@@ -250,7 +295,8 @@ int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "take";
   if (!strcmp(what, "take")) return run_take();
   if (!strcmp(what, "current")) return run_current();
+  if (!strcmp(what, "outbox")) return run_outbox();
   if (!strcmp(what, "race")) return run_race();
-  fprintf(stderr, "usage: %s take|current|race\n", argv[0]);
+  fprintf(stderr, "usage: %s take|current|outbox|race\n", argv[0]);
   return 2;
 }
