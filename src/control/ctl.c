@@ -148,7 +148,7 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     mld_stats_sum(&hs);
     READ(uint64_t, hs.pages_handed_over);
   }
-  if (!strcmp(n, "pages_claimed")) {   /* other threads' parked pages, every block freed, taken as new pages (heap.c) */
+  if (!strcmp(n, "pages_claimed")) {   /* other threads' pages, every block freed remotely, taken as new pages (heap.c) */
     heap_stats_t hs;
     mld_stats_sum(&hs);
     READ(uint64_t, hs.pages_claimed);

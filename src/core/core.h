@@ -197,7 +197,7 @@ typedef struct heap_stats_s {
   uint64_t huge_nmalloc, huge_nfree, huge_bytes_alloc, huge_bytes_free;
   uint64_t remote_frees;                 /* frees pushed to another heap's page */
   uint64_t pages_handed_over;            /* parked pages of an idle owner given to other heaps (heap.c hand_over) */
-  uint64_t pages_claimed;                /* other heaps' parked pages, every block freed, taken as new pages (heap.c) */
+  uint64_t pages_claimed;                /* other heaps' pages, every block freed remotely, taken as new pages (heap.c) */
 } heap_stats_t;
 
 /* ---- thread heap ------------------------------------------------------------------------------------- */

@@ -476,22 +476,28 @@ static unsigned new_page_slots(const heap_t *h, unsigned c) {
  * published), and a page that is not current is reached only through a block. h's lock is held: the registry and the
  * other heaps' locks are only tried, so no lock order is needed. Heaps bound to an arena (arenas.create) neither give
  * nor take. Bounded: only heaps that remote frees went into since their last walk (reclaim_wanted, read first), at
- * most CLAIM_HEAPS of them locked and CLAIM_PAGES pages of each looked at, and after a try that found nothing the
- * next 1, 3, 7, ... 63 new pages are taken without one (a heap growing while others are busy pays ~1/64 of a walk). */
+ * most CLAIM_HEAPS of them locked and CLAIM_PAGES pages of each looked at, none at all while no sweep is asked for,
+ * and after tries that found nothing the next 1, 3, then 7 new pages are taken without one (the suite's buffers and
+ * mixed took 1.1-1.8 times as long when every new page tried: docs/PERFORMANCE.md, issue 39's sixteenth pass). */
 #define CLAIM_HEAPS 8
 #define CLAIM_VISITS 32
 #define CLAIM_PAGES 16
 #define CLAIM_BACKOFF_MAX 3
-static page_t *claim_from(heap_t *o, unsigned c) {   /* o's lock held */
+/* An orphan's current pages may be claimed too: no thread allocates from them until one takes the orphan over, which
+ * it does under o's lock and only then attaches (take_orphan; `orphan` was read under mld_heaps_mutex, which the
+ * taker needs to clear it). larson/t4's orphans held a current page of each of their ~22 classes, emptied by the
+ * successors' frees. */
+static page_t *claim_from(heap_t *o, unsigned c, bool orphan) {   /* o's lock held */
   page_list_t *lists[2] = { &o->full[c], &o->avail[c] };
   unsigned n = 0;
   for (int k = 0; k < 2; k++) {
     for (page_t *pg = lists[k]->head; pg && n < CLAIM_PAGES; pg = pg->next, n++) {
-      if (pg == o->current[c]) continue;   /* `current` changes only under o's lock */
+      if (pg == o->current[c] && !orphan) continue;   /* `current` changes only under o's lock */
       size_t waiting = mld_page_remote_published(pg);
       if (waiting == 0 || waiting != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) continue;
       MLD_RACE_WINDOW();   /* its owner runs on meanwhile: it holds no block of this page */
       list_remove(lists[k], pg);
+      if (pg == o->current[c]) set_current(o, c);
       mld_page_collect_remote(pg);
 #ifdef MALLARD_SECURE
       secure_check_empty(pg);
@@ -519,10 +525,12 @@ static page_t *claim_parked(heap_t *h, unsigned c) {
   unsigned visits = 0, heaps = 0;
   for (heap_t *o = mld_heaps_all; o && !got && heaps < CLAIM_HEAPS && visits < CLAIM_VISITS; o = o->next_all) {
     visits++;
-    if (o == h || o->bound || !atomic_load_explicit(&o->reclaim_wanted, memory_order_relaxed)) continue;
+    /* An orphan is always looked at: frees into its current pages flag nothing. */
+    bool orphan = o->orphan_ms != 0;
+    if (o == h || o->bound || !(orphan || atomic_load_explicit(&o->reclaim_wanted, memory_order_relaxed))) continue;
     heaps++;
     if (!mld_spin_trylock(&o->lock)) continue;
-    got = claim_from(o, c);
+    got = claim_from(o, c, orphan);
     mld_spin_unlock(&o->lock);
   }
   pthread_mutex_unlock(&mld_heaps_mutex);

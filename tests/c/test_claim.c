@@ -1,9 +1,10 @@
-/* test_claim.c — a thread that needs a new page takes another thread's parked page whose every block has been freed
- * (heap.c claim_parked): `take` checks that it happens while that page's owner is blocked, and that the claimed blocks
- * are sound; `current` that an owner's current page is never claimed; `outbox` that a refill sends the thread's own
- * last frees into such a page before it looks for one; `race` has owners freeing their own blocks of parked pages (the locked path) while other threads free
- * the rest remotely and claim those pages as they empty, every block carrying a pattern checked before it is freed.
- * `race` is built for ThreadSanitizer and the race-delay build too. */
+/* test_claim.c — a thread that needs a new page takes another thread's page whose every block has been freed by
+ * other threads (heap.c claim_parked): `take` checks that it happens while that page's owner is blocked, and that the
+ * claimed blocks are sound; `current` that an owner's current page is never claimed, `orphan` that an orphan's is;
+ * `outbox` that a refill sends the thread's own last frees into such a page before it looks for one; `race` has owners
+ * freeing their own blocks of parked pages (the locked path) while other threads free the rest remotely and claim
+ * those pages as they empty, every block carrying a pattern checked before it is freed. `race` is built for
+ * ThreadSanitizer and the race-delay build too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <sched.h>
@@ -143,11 +144,62 @@ static int run_current(void) {
   return mt_result("claim current");
 }
 
+/* ---- orphan ---- */
+/* An orphan's current page may be claimed: no thread allocates from it until one takes the orphan over. The owner
+ * fills one page (its current one) and exits, its heap kept whole as an orphan (no purging thread: no sweep abandons
+ * it); a thread that made its heap before (else it would take the orphan over) and has no page of the class (the C
+ * library may have made one in the main thread) frees every block and allocates one of the class. */
+static void *orphan_owner(void *arg) {
+  (void)arg;
+  for (size_t i = 0; i < CPAGE; i++) {
+    cblk[i] = M_malloc(CSIZE);
+    REQUIRE(cblk[i], "malloc");
+    mt_fill(cblk[i], CSIZE, i);
+  }
+  return NULL;
+}
+
+static void *orphan_freer(void *arg) {
+  (void)arg;
+  void *mine = M_malloc(16);   /* this thread's heap, made before the orphan exists */
+  REQUIRE(mine, "malloc");
+  tstage_set(1);
+  tstage_wait(2);   /* the owner has exited */
+  uint64_t before = claimed();
+  for (size_t i = 0; i < CPAGE; i++) {
+    size_t bad = mt_verify(cblk[i], CSIZE, i);
+    CHECK(bad == CSIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(cblk[i]));
+  }
+  void *p = M_malloc(CSIZE);   /* this thread's first page of the class (its outbox is sent first) */
+  REQUIRE(p, "malloc");
+  CHECK(claimed() > before, "the orphan's emptied current page was not claimed");
+  CHECK(in_pages(cblk, 1, p), "the new block is not in the orphan's emptied page");
+  M_free(mt_hide(p));
+  M_free(mine);
+  return NULL;
+}
+
+static int run_orphan(void) {
+  void *mine = M_malloc(16);   /* the main thread has a heap too: it would take the orphan over at its first free */
+  REQUIRE(mine, "malloc");
+  pthread_t f, t;
+  REQUIRE(pthread_create(&f, NULL, orphan_freer, NULL) == 0, "pthread_create");
+  tstage_wait(1);
+  REQUIRE(pthread_create(&t, NULL, orphan_owner, NULL) == 0, "pthread_create");
+  pthread_join(t, NULL);
+  REQUIRE(((uintptr_t)cblk[0] >> 16) == ((uintptr_t)cblk[CPAGE - 1] >> 16), "the owner's blocks are not in one page");
+  tstage_set(2);
+  pthread_join(f, NULL);
+  M_free(mine);
+  return mt_result("claim orphan");
+}
+
 /* ---- outbox ---- */
 /* A refill sends the thread's outbox before it looks for a page, so that a page whose last frees wait there can be
  * claimed at once: the owner fills a page of 48-byte blocks (1365: 21 batches of 64 and one of 21, which stays in
- * the freeing thread's outbox) and starts another; this thread frees the first page's blocks and allocates one block
- * of the class, with no flush of its own. */
+ * the freeing thread's outbox) and starts another; a new thread frees the first page's blocks and allocates one
+ * block of the class, with no flush of its own. */
 enum { OSIZE = 48, OPAGE = 1365, OBLOCKS = OPAGE + 10 };
 static void *oblk[OBLOCKS];
 
@@ -163,12 +215,9 @@ static void *outbox_owner(void *arg) {
   return NULL;
 }
 
-static int run_outbox(void) {
-  pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, outbox_owner, NULL) == 0, "pthread_create");
-  tstage_wait(1);
-  REQUIRE(((uintptr_t)oblk[0] >> 16) == ((uintptr_t)oblk[OPAGE - 1] >> 16) &&
-          ((uintptr_t)oblk[0] >> 16) != ((uintptr_t)oblk[OPAGE] >> 16), "the owner's first page is not blocks 0-1364");
+/* In a thread of its own: its heap has no page of the class yet (the C library may have made one in the main thread). */
+static void *outbox_freer(void *arg) {
+  (void)arg;
   uint64_t before = claimed();
   for (size_t i = 0; i < OPAGE; i++) M_free(mt_hide(oblk[i]));
   void *p = M_malloc(OSIZE);   /* this thread's first page of the class */
@@ -176,6 +225,17 @@ static int run_outbox(void) {
   CHECK(claimed() > before, "the page whose last frees waited in this thread's outbox was not claimed");
   CHECK(in_pages(oblk, 1, p), "the new block is not in the owner's emptied page");
   M_free(mt_hide(p));
+  return NULL;
+}
+
+static int run_outbox(void) {
+  pthread_t t, f;
+  REQUIRE(pthread_create(&t, NULL, outbox_owner, NULL) == 0, "pthread_create");
+  tstage_wait(1);
+  REQUIRE(((uintptr_t)oblk[0] >> 16) == ((uintptr_t)oblk[OPAGE - 1] >> 16) &&
+          ((uintptr_t)oblk[0] >> 16) != ((uintptr_t)oblk[OPAGE] >> 16), "the owner's first page is not blocks 0-1364");
+  REQUIRE(pthread_create(&f, NULL, outbox_freer, NULL) == 0, "pthread_create");
+  pthread_join(f, NULL);
   tstage_set(2);
   pthread_join(t, NULL);
   return mt_result("claim outbox");
@@ -295,8 +355,9 @@ int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "take";
   if (!strcmp(what, "take")) return run_take();
   if (!strcmp(what, "current")) return run_current();
+  if (!strcmp(what, "orphan")) return run_orphan();
   if (!strcmp(what, "outbox")) return run_outbox();
   if (!strcmp(what, "race")) return run_race();
-  fprintf(stderr, "usage: %s take|current|outbox|race\n", argv[0]);
+  fprintf(stderr, "usage: %s take|current|orphan|outbox|race\n", argv[0]);
   return 2;
 }
