@@ -264,6 +264,23 @@ static void page_leave(heap_t *h, page_t *pg) {
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
 }
 
+/* The same, by a thread that may not be the page's owner (a sweep, a claim): counted in the shared record, since the
+ * owner writes its own counters without the lock. */
+static void page_leave_shared(page_t *pg) {
+#ifdef MALLARD_SECURE
+  secure_check_empty(pg);
+#endif
+  __atomic_fetch_add(&mld_orphan_stats.cls[pg->size_class].npages_released, 1, __ATOMIC_RELAXED);
+  atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+}
+
+/* Does every block of pg that is handed out wait as a published remote free (pg's heap lock held)? Then its owner holds
+ * none: the proof is sweep_unparked's. */
+static bool all_out_waiting(const page_t *pg) {
+  size_t n = mld_page_remote_published(pg);
+  return n != 0 && n == __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE);
+}
+
 static void page_release(heap_t *h, page_t *pg) {
   page_leave(h, pg);
   mld_arena_free_span(segment_of(pg)->arena, pg);
@@ -493,18 +510,12 @@ static page_t *claim_from(heap_t *o, unsigned c, bool orphan) {   /* o's lock he
   for (int k = 0; k < 2; k++) {
     for (page_t *pg = lists[k]->head; pg && n < CLAIM_PAGES; pg = pg->next, n++) {
       if (pg == o->current[c] && !orphan) continue;   /* `current` changes only under o's lock */
-      size_t waiting = mld_page_remote_published(pg);
-      if (waiting == 0 || waiting != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) continue;
+      if (!all_out_waiting(pg)) continue;
       MLD_RACE_WINDOW();   /* its owner runs on meanwhile: it holds no block of this page */
       list_remove(lists[k], pg);
       if (pg == o->current[c]) set_current(o, c);
       mld_page_collect_remote(pg);
-#ifdef MALLARD_SECURE
-      secure_check_empty(pg);
-#endif
-      /* Counted in the shared record, as sweep_parked's: the owner writes its own counters without the lock. */
-      __atomic_fetch_add(&mld_orphan_stats.cls[c].npages_released, 1, __ATOMIC_RELAXED);
-      atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+      page_leave_shared(pg);
       return pg;
     }
   }
@@ -818,12 +829,7 @@ static size_t sweep_parked(heap_t *h) {
       list_remove(&h->full[c], pg);
       set_in_full(pg, 0);
       bytes += (size_t)pg->slot_count << MLD_SLOT_SHIFT;
-#ifdef MALLARD_SECURE
-      secure_check_empty(pg);
-#endif
-      /* Counted in the shared record: the owner writes its own counters without the lock. */
-      __atomic_fetch_add(&mld_orphan_stats.cls[c].npages_released, 1, __ATOMIC_RELAXED);
-      atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
+      page_leave_shared(pg);
       mld_arena_free_span(segment_of(pg)->arena, pg);
     }
   }
@@ -844,9 +850,7 @@ static void sweep_unparked(heap_t *h) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     for (page_t *pg = h->avail[c].head, *next; pg; pg = next) {
       next = pg->next;
-      if (pg == h->current[c]) continue;
-      size_t n = mld_page_remote_published(pg);
-      if (n == 0 || n != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) continue;
+      if (pg == h->current[c] || !all_out_waiting(pg)) continue;
       MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it holds no block of this page */
       list_remove(&h->avail[c], pg);
       set_in_full(pg, 1);

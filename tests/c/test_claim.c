@@ -22,6 +22,15 @@ static bool in_pages(void *const *blocks, size_t n, const void *p) {   /* small 
   return false;
 }
 
+/* n blocks of `size` bytes into b, block i filled with the pattern of tag0 + i. */
+static void alloc_filled(void **b, size_t n, size_t size, uint64_t tag0) {
+  for (size_t i = 0; i < n; i++) {
+    b[i] = M_malloc(size);
+    REQUIRE(b[i], "malloc");
+    mt_fill(b[i], size, tag0 + i);
+  }
+}
+
 /* ---- take ---- */
 enum { TBLOCKS = 16384, TSIZE = 64 };   /* 16 pages of 1024 blocks: all but the current one parked */
 static void *tblk[TBLOCKS];
@@ -43,11 +52,7 @@ static void tstage_wait(int s) {
 
 static void *take_owner(void *arg) {
   (void)arg;
-  for (size_t i = 0; i < TBLOCKS; i++) {
-    tblk[i] = M_malloc(TSIZE);
-    REQUIRE(tblk[i], "malloc");
-    mt_fill(tblk[i], TSIZE, i);
-  }
+  alloc_filled(tblk, TBLOCKS, TSIZE, 0);
   tstage_set(1);
   tstage_wait(2);   /* blocked: it never refills, so only a claim can reuse its pages */
   return NULL;
@@ -68,12 +73,8 @@ static int run_take(void) {
   enum { MINE = 8192 };
   static void *mine[MINE];
   size_t inside = 0;
-  for (size_t i = 0; i < MINE; i++) {
-    mine[i] = M_malloc(TSIZE);
-    REQUIRE(mine[i], "malloc");
-    mt_fill(mine[i], TSIZE, 1000000 + i);
-    inside += in_pages(tblk, TBLOCKS, mine[i]);
-  }
+  alloc_filled(mine, MINE, TSIZE, 1000000);
+  for (size_t i = 0; i < MINE; i++) inside += in_pages(tblk, TBLOCKS, mine[i]);
   uint64_t got = claimed() - before;
   CHECK(got > 0, "no page of the blocked owner was claimed");
   CHECK(inside > 0, "none of %d new blocks came from the owner's emptied pages", MINE);
@@ -98,11 +99,7 @@ static void *cblk[CBLOCKS];
 
 static void *current_owner(void *arg) {
   (void)arg;
-  for (size_t i = 0; i < CBLOCKS; i++) {
-    cblk[i] = M_malloc(CSIZE);
-    REQUIRE(cblk[i], "malloc");
-    mt_fill(cblk[i], CSIZE, i);
-  }
+  alloc_filled(cblk, CBLOCKS, CSIZE, 0);
   tstage_set(1);
   tstage_wait(2);
   enum { AGAIN = 100 };
@@ -151,11 +148,7 @@ static int run_current(void) {
  * library may have made one in the main thread) frees every block and allocates one of the class. */
 static void *orphan_owner(void *arg) {
   (void)arg;
-  for (size_t i = 0; i < CPAGE; i++) {
-    cblk[i] = M_malloc(CSIZE);
-    REQUIRE(cblk[i], "malloc");
-    mt_fill(cblk[i], CSIZE, i);
-  }
+  alloc_filled(cblk, CPAGE, CSIZE, 0);
   return NULL;
 }
 
