@@ -483,19 +483,20 @@ static unsigned new_page_slots(const heap_t *h, unsigned c) {
   return first < slots ? (unsigned)first : slots;
 }
 
-/* Claim: before a heap takes a span for a new page of class c, another heap's page of that class whose every handed-out
- * block has come back as a published remote free becomes its own: parked, or on the class list and not current. Such
- * a page is free memory that only its owner could reuse, and only once its own class ran dry: an owner blocked or busy
- * elsewhere (xmalloc's producer waiting on a full queue, an orphan waiting for a thread to take it over) keeps it
- * while the threads that freed into it fill new pages (rptest/t4: twice the peak RSS). Safe with the owner running
- * on, as the sweep's sweep_unparked and sweep_parked are (under its lock): the count read before `used` (acquire)
- * equal to it proves that the owner holds no block of the page (blocks still in an outbox are counted in `used`, not
- * published), and a page that is not current is reached only through a block. h's lock is held: the registry and the
- * other heaps' locks are only tried, so no lock order is needed. Heaps bound to an arena (arenas.create) neither give
- * nor take. Bounded: only heaps that remote frees went into since their last walk (reclaim_wanted, read first), at
- * most CLAIM_HEAPS of them locked and CLAIM_PAGES pages of each looked at, none at all while no sweep is asked for,
- * and after tries that found nothing the next 1, 3, then 7 new pages are taken without one (the suite's buffers and
- * mixed took 1.1-1.8 times as long when every new page tried: docs/PERFORMANCE.md, issue 39's sixteenth pass). */
+/* Claim: before a heap takes a span for a new page of class c, another heap's page of that class whose every
+ * handed-out block has come back as a published remote free becomes its own: parked, or on the class list and not
+ * current (an orphan's current pages too: below). Such a page is free memory that only its owner could reuse, and only
+ * once its own class ran dry: an owner blocked or busy elsewhere (xmalloc's producer waiting on a full queue, an
+ * orphan waiting for a thread to take it over) keeps it while the threads that freed into it fill new pages
+ * (rptest/t4: twice the peak RSS). Safe with the owner running on, as the sweep's sweep_unparked and sweep_parked are
+ * (under its lock): the count read before `used` (acquire) equal to it proves that the owner holds no block of the
+ * page (blocks still in an outbox are counted in `used`, not published), and a page that is not current is reached
+ * only through a block. h's lock is held: the registry and the other heaps' locks are only tried, so no lock order is
+ * needed. Heaps bound to an arena (arenas.create) neither give nor take. Bounded: only orphans and heaps that remote
+ * frees went into since their last walk (reclaim_wanted, read first), at most CLAIM_HEAPS of them locked and
+ * CLAIM_PAGES pages of each looked at, none at all while no sweep is asked for, and after tries that found nothing the
+ * next 1, 3, then 7 new pages are taken without one (the suite's buffers and mixed took 1.1-1.8 times as long when
+ * every new page tried: docs/PERFORMANCE.md, issue 39's sixteenth pass). */
 #define CLAIM_HEAPS 8
 #define CLAIM_VISITS 32
 #define CLAIM_PAGES 16
