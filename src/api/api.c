@@ -110,6 +110,15 @@ static MLD_NOINLINE void junk_small(page_t *pg, void *p) {
   memset(p, MLD_JUNK_FREE_BYTE, mld_block_usable(pg->block_size));
 }
 
+/* Race-delay builds: an owner's unlocked push must land in a page that stayed its own all along (a take from outside
+ * leaves the page of the owner's hazard alone; a hand-over or claim never has a page the owner is freeing into). */
+#ifdef MALLARD_RACE_DELAY
+#define RACE_CHECK_STILL_OWN(pg, h) \
+  do { if (atomic_load_explicit(&(pg)->heap, memory_order_relaxed) != (h)) mld_fatal("an owner's free went into a page taken meanwhile"); } while (0)
+#else
+#define RACE_CHECK_STILL_OWN(pg, h) ((void)0)
+#endif
+
 /* The owner emptied a page that does not stay: it goes to the page cache or its arena (heap.c). */
 static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
   mld_page_retire_owner(h, pg);
@@ -120,8 +129,9 @@ static MLD_NOINLINE void retire(heap_t *h, page_t *pg) {
  * block is filled under junk:free, then it goes to a parked page's locked path (heap.c), or as the fast path does.
  * in_full is read again, with acquire, then `heap`: a page parked when the fast path looked may
  * have been handed to another heap since (heap.c sweep_parked), its in_full cleared by its adopter; its block is
- * then a remote free. In_full read 0 with `heap` still ours stays so while this runs: only the owner parks a page
- * of which it holds a block, and only a parked page is handed over. */
+ * then a remote free. In_full read 0 with `heap` still ours stays so while this runs: a page of which the owner
+ * holds a block is parked by the owner, or from outside by a take that leaves the page of the owner's hazard alone
+ * (stored by dealloc before it read owner_slow), and only a parked page is handed over. */
 static inline __attribute__((always_inline)) void owner_free_slow(void *p) {   /* in its two callers: one call */
   page_t *pg = page_of(segment_of(p), p);
   if (pg->junk_free) junk_small(pg, p);
@@ -129,6 +139,7 @@ static inline __attribute__((always_inline)) void owner_free_slow(void *p) {   /
   heap_t *h = mld_tls_heap;
   if (unlikely(atomic_load_explicit(&pg->heap, memory_order_relaxed) != h)) { mld_free_remote(pg, p); return; }
   mld_owner_push(pg, p);
+  RACE_CHECK_STILL_OWN(pg, h);
   if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) retire(h, pg);   /* last write into the page */
 }
 
@@ -175,6 +186,7 @@ static MLD_NOINLINE void free_flagged(segment_t *seg, page_t *slot, void *p) {
 /* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. */
 static inline void owner_free(heap_t *h, page_t *pg, void *p) {
   mld_owner_push(pg, p);
+  RACE_CHECK_STILL_OWN(pg, h);
   /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to
    * the page's published remote frees knows this free is done (heap.c sweep_unparked). Empty, and not the
    * current page that may stay (heap.c: make_current): retired. */
@@ -193,9 +205,16 @@ static inline void dealloc(void *p) {
   page_t *pg = slot_page(seg, p);
   mld_keep_in_register(pg);
   heap_t *h = mld_tls_heap;
+  /* The block this free is into, published before owner_slow is read (release: the previous free's writes are
+   * visible to whoever sees this one's block): a thread parking an idle owner's page from outside sets in_full,
+   * runs a barrier on every thread, then leaves alone the page this names (heap.c take_from_idle). The signal fence
+   * keeps the compiler from moving the store after the load; the barrier does the same for the CPU. */
+  atomic_store_explicit(&h->hazard, p, memory_order_release);
+  atomic_signal_fence(memory_order_seq_cst);
   /* owner_slow first, with acquire, then `heap`: a parked page of an idle owner may be handed to another heap
    * (heap.c sweep_parked), whose adopter clears in_full only after `heap` names it. So owner_slow read 0 and `heap`
-   * read ours is our page, unparked, which only we can park: the unlocked push is safe. */
+   * read ours is our page, unparked; parked since only by us, or from outside by a take that leaves the page of our
+   * hazard alone: the unlocked push is safe. */
   if (unlikely(mld_peek_acquire_u16(&pg->owner_slow))) {   /* parked (the locked path, heap.c) or junk:free */
     free_flagged(seg, pg, p);
     return;

@@ -153,6 +153,11 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     mld_stats_sum(&hs);
     READ(uint64_t, hs.pages_claimed);
   }
+  if (!strcmp(n, "pages_taken_idle")) {   /* pages of idle threads, blocks still theirs, handed to other heaps (heap.c) */
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    READ(uint64_t, hs.pages_taken_idle);
+  }
   mld_global_stats(&g);
   if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
   if (!strcmp(n, "active")) READ(size_t, g.active);

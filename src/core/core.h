@@ -198,6 +198,7 @@ typedef struct heap_stats_s {
   uint64_t remote_frees;                 /* frees pushed to another heap's page */
   uint64_t pages_handed_over;            /* parked pages of an idle owner given to other heaps (heap.c hand_over) */
   uint64_t pages_claimed;                /* other heaps' pages, every block freed remotely, taken as new pages (heap.c) */
+  uint64_t pages_taken_idle;             /* pages of an idle live owner, still holding its blocks, parked from outside and handed over (heap.c) */
 } heap_stats_t;
 
 /* ---- thread heap ------------------------------------------------------------------------------------- */
@@ -264,6 +265,11 @@ typedef struct heap_s {
   /* Claims (heap.c claim_parked) that found nothing in a row, and the new pages to take before the next try. */
   uint32_t claim_misses, claim_skip;
   unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
+  /* The block the owner last began to free (api.c dealloc), stored with release before its free reads the page's
+   * owner_slow: a thread that parks a page of an idle owner from outside (heap.c take_from_idle) leaves alone the page
+   * this points into after a barrier on every thread (mld_os_barrier_all). Written on every free: on a line only the
+   * owner writes. */
+  _Atomic(void *) hazard;
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
 } heap_t;

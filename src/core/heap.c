@@ -523,7 +523,11 @@ static page_t *claim_from(heap_t *o, unsigned c, bool orphan) {   /* o's lock he
   return NULL;
 }
 
-static page_t *claim_parked(heap_t *h, unsigned c) {
+static arena_t *take_from_idle(heap_t *o, unsigned c);
+
+/* A claimed page for h, or NULL; *taken is set to an arena that pages taken from an idle owner went to, for
+ * adoption (take_from_idle), when that is what the tries found. */
+static page_t *claim_parked(heap_t *h, unsigned c, arena_t **taken) {
   if (h->bound || h == &mld_exit_heap) return NULL;
   if (h->claim_skip) {
     h->claim_skip--;
@@ -535,7 +539,8 @@ static page_t *claim_parked(heap_t *h, unsigned c) {
   if (pthread_mutex_trylock(&mld_heaps_mutex) != 0) return NULL;
   page_t *got = NULL;
   unsigned visits = 0, heaps = 0;
-  for (heap_t *o = mld_heaps_all; o && !got && heaps < CLAIM_HEAPS && visits < CLAIM_VISITS; o = o->next_all) {
+  uint64_t now = mld_now_ms();
+  for (heap_t *o = mld_heaps_all; o && !got && !*taken && heaps < CLAIM_HEAPS && visits < CLAIM_VISITS; o = o->next_all) {
     visits++;
     /* An orphan is always looked at: frees into its current pages flag nothing. */
     bool orphan = o->orphan_ms != 0;
@@ -543,9 +548,17 @@ static page_t *claim_parked(heap_t *h, unsigned c) {
     heaps++;
     if (!mld_spin_trylock(&o->lock)) continue;
     got = claim_from(o, c, orphan);
+    /* Nothing wholly free: a live owner that has not refilled for MLD_HAND_OVER_IDLE_MS gives up pages it still holds
+     * blocks of (`live` and orphan_ms change under mld_heaps_mutex, held). */
+    uint64_t last = atomic_load_explicit(&o->last_slow_ms, memory_order_relaxed);
+    if (!got && o->live && !orphan && last <= now && now - last >= MLD_HAND_OVER_IDLE_MS) *taken = take_from_idle(o, c);
     mld_spin_unlock(&o->lock);
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
+  if (*taken) {
+    h->claim_misses = 0;
+    return NULL;
+  }
   if (!got) {
     if (h->claim_misses < CLAIM_BACKOFF_MAX) h->claim_misses++;
     h->claim_skip = (1u << h->claim_misses) - 1;
@@ -558,16 +571,15 @@ static page_t *claim_parked(heap_t *h, unsigned c) {
   return got;
 }
 
-static page_t *heap_new_page(heap_t *h, unsigned c) {
-  arena_t *a = mld_heap_arena(h);
+/* An abandoned page of class c from arena a with a free block, on h's class list; NULL when a has none. One may be
+ * full (all its blocks still live): it joins our full list. */
+static page_t *adopt_page(heap_t *h, arena_t *a, unsigned c) {
   page_t *pg;
-  /* Abandoned pages first. One may be full (all its blocks still live): it joins our full list. The exit heap
-   * adopts none: its pages are only collected by sweeps, abandoned ones are reaped as soon as they empty. */
-  while (h != &mld_exit_heap && (pg = mld_arena_adopt(a, c, h)) != NULL) {
+  while ((pg = mld_arena_adopt(a, c, h)) != NULL) {
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
     if (mld_page_refill(pg)) {
-      /* A page handed over by a sweep comes parked (sweep_parked): unparked only now that `heap` names us, with
+      /* A page handed over comes parked (sweep_parked, take_from_idle): unparked only now that `heap` names us, with
        * release, so that its last owner, reading in_full 0 (acquire) and then `heap`, sees it is no longer its own. */
       if (pg->in_full) __atomic_store_n(&pg->in_full, 0, __ATOMIC_RELEASE);
       list_push_head(&h->avail[c], pg);
@@ -575,12 +587,23 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
     }
     park(h, c, pg);
   }
+  return NULL;
+}
+
+static page_t *heap_new_page(heap_t *h, unsigned c) {
+  arena_t *a = mld_heap_arena(h);
+  page_t *pg;
+  /* Abandoned pages first. The exit heap adopts none: its pages are only collected by sweeps, abandoned ones are
+   * reaped as soon as they empty. */
+  if (h != &mld_exit_heap && (pg = adopt_page(h, a, c)) != NULL) return pg;
   unsigned slots = new_page_slots(h, c);
+  arena_t *taken = NULL;   /* where pages taken from an idle owner went (claim_parked) */
   if ((pg = cache_take(h, slots)) != NULL) {
     mld_page_init(pg, c, h);
     h->stats.cls[c].npages++;
     h->stats.cls[c].npages_cached++;
-  } else if ((pg = claim_parked(h, c)) == NULL) {
+  } else if ((pg = claim_parked(h, c, &taken)) == NULL) {
+    if (taken && (pg = adopt_page(h, taken, c)) != NULL) return pg;
     bool zero;
     pg = mld_arena_alloc_span_kind(a, slots, PAGE_SMALL, &zero);
     if (!pg) return NULL;
@@ -750,7 +773,9 @@ void mld_free_parked(void *p) {
   }
   mld_owner_push(pg, b);
   pg->used--;
-  mld_page_retire(h, pg);
+  /* Unparked meanwhile by the owner? Not while it is here. By a take from outside that parked it and gave it back,
+   * the owner's hazard naming it (take_from_idle): then the fast path's rule, under the lock. */
+  if (pg->in_full || (pg->used == 0 && !pg->keep_on_empty)) mld_page_retire(h, pg);
   mld_spin_unlock(&h->lock);
 }
 
@@ -808,6 +833,57 @@ static void hand_over(heap_t *h, unsigned c, page_t *pg) {
   MLD_RACE_WINDOW();   /* out of its lists, still named by `heap`: the owner may be freeing into it meanwhile */
   __atomic_fetch_add(&mld_orphan_stats.pages_handed_over, 1, __ATOMIC_RELAXED);   /* the owner writes its own counters unlocked */
   mld_arena_abandon(segment_of(pg)->arena, pg);   /* `heap` NULL with release; in_full stays 1 */
+}
+
+/* Take from an idle live owner: pages of class c on o's class list (not current) that other threads have freed a
+ * good share of (MLD_HAND_OVER_SHARE, counting remote frees not yet collected) while o still holds blocks of them,
+ * for a thread that needs a page of the class. larson's main thread allocates the blocks its workers replace and then
+ * waits: its pages, still holding blocks, sat on its class lists (never parked: it frees no more) while the workers
+ * filled new ones, twice the memory at the start (docs/PERFORMANCE.md, issue 39). The owner may be freeing into such
+ * a page without a lock (api.c dealloc: owner_slow read 0, then the push): so each is parked first (in_full 1, under
+ * o's lock), then a barrier runs on every thread (mld_os_barrier_all), then o's hazard is read. A free that reads
+ * owner_slow after the barrier sees in_full and takes the locked path (mld_free_parked), which reads `heap` under
+ * this lock; a free that read it before stored its block as the hazard before that read, so the barrier makes the
+ * store visible: the page it names goes back to the class list as it was, and every other page has no such free in
+ * flight, and its last free's writes are visible (the hazard is stored with release). Those are handed over, parked,
+ * as sweep_parked does (the same proof from then on); the caller adopts them from the arena returned (NULL: none).
+ * Without the barrier (an emulator, a seccomp filter) nothing is taken. o's lock held, and mld_heaps_mutex. */
+#define TAKE_PAGES 16    /* pages parked per barrier */
+static arena_t *take_from_idle(heap_t *o, unsigned c) {
+  page_t *cand[TAKE_PAGES];
+  unsigned n = 0, looked = 0;
+  for (page_t *pg = o->avail[c].head, *next; pg && n < TAKE_PAGES && looked < CLAIM_PAGES * 4; pg = next, looked++) {
+    next = pg->next;
+    if (pg == o->current[c]) continue;   /* the owner's malloc pops from it unlocked */
+    size_t used = __atomic_load_n(&pg->used, __ATOMIC_RELAXED), published = mld_page_remote_published(pg);
+    size_t free_blocks = (size_t)pg->reserved - used + (published < used ? published : used);
+    if (free_blocks * MLD_HAND_OVER_SHARE < pg->reserved || used == 0) continue;
+    list_remove(&o->avail[c], pg);
+    set_in_full(pg, 1);
+    cand[n++] = pg;
+  }
+  if (!n) return NULL;
+  bool fenced = mld_os_barrier_all();
+  MLD_RACE_WINDOW();   /* parked, not yet given: the owner's frees into these pages wait for o's lock meanwhile */
+  const uint8_t *hz = atomic_load_explicit(&o->hazard, memory_order_acquire);
+  arena_t *to = NULL;
+  for (unsigned i = 0; i < n; i++) {
+    page_t *pg = cand[i];
+    const uint8_t *start = page_start(pg);
+    if (!fenced || (hz >= start && hz < start + ((size_t)pg->slot_count << MLD_SLOT_SHIFT))) {
+      set_in_full(pg, 0);   /* back as it was: the owner's free may be pushing into it */
+      list_push_tail(&o->avail[c], pg);
+      continue;
+    }
+    /* The owner's last free into it is done (above): its `used`, written last with release, read with acquire, so
+     * that what it wrote is seen by the adopter too (ThreadSanitizer sees no barrier). */
+    (void)__atomic_load_n(&pg->used, __ATOMIC_ACQUIRE);
+    MLD_RACE_WINDOW();   /* parked from outside, still named by `heap`: the owner's frees into it wait for o's lock */
+    __atomic_fetch_add(&mld_orphan_stats.pages_taken_idle, 1, __ATOMIC_RELAXED);
+    to = segment_of(pg)->arena;
+    mld_arena_abandon(to, pg);   /* `heap` NULL with release; in_full stays 1 */
+  }
+  return to;
 }
 
 /* Parked pages whose blocks have all come back go back to their arena (heap lock held, by a thread that is

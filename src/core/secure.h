@@ -287,7 +287,9 @@ static inline void mld_owner_push(page_t *pg, block_t *b) {
     pg->free = b;
   }
 #else
-  blk_set_next(pg, b, pg->free);
+  block_t *head = pg->free;
+  MLD_RACE_WINDOW_SOMETIMES();   /* unlocked on the fast path: no take from outside may have this page meanwhile */
+  blk_set_next(pg, b, head);
   pg->free = b;
 #endif
 #ifdef MALLARD_STATS

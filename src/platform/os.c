@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/auxv.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -178,7 +179,41 @@ void mld_race_delay(void) {
   struct timespec ts = { 0, (long)((x >> 8) % 50000) };
   nanosleep(&ts, NULL);
 }
+void mld_race_delay_sometimes(void) {
+  static _Atomic(unsigned) period;   /* MALLARD_RACE_FREE_PERIOD (a test that needs every call paused sets 1); 64 */
+  static __thread unsigned calls;
+  unsigned p = atomic_load_explicit(&period, memory_order_relaxed);
+  if (!p) {
+    const char *e = getenv("MALLARD_RACE_FREE_PERIOD");   /* getenv allocates nothing */
+    p = e && atoi(e) > 0 ? (unsigned)atoi(e) : 64;
+    atomic_store_explicit(&period, p, memory_order_relaxed);
+  }
+  if (++calls % p == 0) mld_race_delay();
+}
 #endif
+
+/* membarrier(2)'s commands (linux/membarrier.h, not in every libc's include path: musl's). */
+#define MEMBARRIER_PRIVATE_EXPEDITED (1 << 3)
+#define MEMBARRIER_REGISTER_PRIVATE_EXPEDITED (1 << 4)
+bool mld_os_barrier_all(void) {
+#ifdef SYS_membarrier
+  static _Atomic(int) registered;   /* 0: not yet, 1: done, -1: refused (never asked again) */
+  for (int tries = 0; tries < 2; tries++) {
+    int r = atomic_load_explicit(&registered, memory_order_acquire);
+    if (r < 0) return false;
+    if (r == 0) {
+      r = syscall(SYS_membarrier, MEMBARRIER_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : -1;
+      atomic_store_explicit(&registered, r, memory_order_release);
+      if (r < 0) return false;
+    }
+    if (syscall(SYS_membarrier, MEMBARRIER_PRIVATE_EXPEDITED, 0, 0) == 0) return true;
+    if (errno != EPERM) return false;
+    /* EPERM: not registered for this process: a fork child, whose new address space starts unregistered. */
+    atomic_store_explicit(&registered, 0, memory_order_release);
+  }
+#endif
+  return false;
+}
 
 uint64_t mld_now_ms(void) {
   struct timespec ts;

@@ -53,6 +53,11 @@ MLD_HIDDEN void *mld_os_move(void *old, size_t old_size, size_t new_size, size_t
 MLD_HIDDEN bool mld_os_init(void);
 MLD_HIDDEN void mld_os_name(void *p, size_t size, const char *name);
 MLD_HIDDEN uint64_t mld_now_ms(void);
+/* A full memory barrier run on every thread of the process (membarrier(2), private expedited: threads running now are
+ * interrupted for it, the others pass one when next scheduled): after it returns, whatever a thread loads saw the
+ * caller's earlier stores, and the caller sees whatever the thread stored before that point. false where the kernel
+ * (or an emulator, a seccomp filter) does not offer it: the caller must then do without. */
+MLD_HIDDEN bool mld_os_barrier_all(void);
 MLD_HIDDEN uint64_t mld_now_ns(void);                               /* CLOCK_MONOTONIC, ns */
 MLD_HIDDEN uint64_t mld_realtime_ns(void);                          /* CLOCK_REALTIME, ns since the epoch */
 /* Mappings outside the allocator's accounting (the profiler's tables, the guarded pool): NULL on failure. */
@@ -96,9 +101,14 @@ MLD_HIDDEN const char *mld_errname(int err);   /* "EACCES"...; "error" when unkn
 /* ---- race-window widening (test builds with MALLARD_RACE_DELAY): a short random pause where memory changes hands */
 #ifdef MALLARD_RACE_DELAY
 MLD_HIDDEN void mld_race_delay(void);
+MLD_HIDDEN void mld_race_delay_sometimes(void);
 #define MLD_RACE_WINDOW() mld_race_delay()
+/* On a path every free takes: one call in 64 of the thread's pauses (every one made the race build's tests crawl;
+ * MALLARD_RACE_FREE_PERIOD=N: one in N). */
+#define MLD_RACE_WINDOW_SOMETIMES() mld_race_delay_sometimes()
 #else
 #define MLD_RACE_WINDOW() ((void)0)
+#define MLD_RACE_WINDOW_SOMETIMES() ((void)0)
 #endif
 
 /* ---- a spin lock for locks that are almost never contended (the heap lock: its owner against a sweep) ---- */
