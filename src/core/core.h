@@ -245,7 +245,6 @@ typedef struct heap_s {
    * which takes it over as it is (heap.c mld_heap_exit): since when, ms (0: not an orphan). */
   uint64_t orphan_ms;
   pthread_t thread;
-  int tid;                               /* its thread's kernel id (gettid): a take asks the OS whether it waits */
   bool live;
   bool bound;                            /* arena chosen by the thread (thread.arena), not round-robin */
   page_t *cache;                         /* empty pages kept for reuse */

@@ -160,7 +160,6 @@ heap_t *mld_heap_get(void) {
   h->arena->nthreads++;
   h->arena->nthreads_total++;
   h->thread = pthread_self();
-  h->tid = mld_os_gettid();
   h->live = true;
   h->next_all = mld_heaps_all;
   if (mld_heaps_all) mld_heaps_all->prev_all = h;
@@ -192,7 +191,6 @@ static heap_t *take_orphan(void) {
   h->arena->nthreads++;
   h->arena->nthreads_total++;
   h->thread = pthread_self();
-  h->tid = mld_os_gettid();
   h->live = true;
   pthread_mutex_unlock(&mld_heaps_mutex);
   MLD_RACE_WINDOW();   /* taken over: remote frees into its pages and sweeps of it go on meanwhile */
@@ -550,13 +548,10 @@ static page_t *claim_parked(heap_t *h, unsigned c, arena_t **taken) {
     heaps++;
     if (!mld_spin_trylock(&o->lock)) continue;
     got = claim_from(o, c, orphan);
-    /* Nothing wholly free: a live owner that has not refilled for MLD_HAND_OVER_IDLE_MS and whose thread waits (not
-     * running or runnable: a thread preempted in its work would find its pages gone, larson/t4's workers on 2 cores
-     * gave up 5 times as many pages as `main`) gives up pages it still holds blocks of (`live` and orphan_ms change
-     * under mld_heaps_mutex, held). The OS's answer is only a hint: take_from_idle is safe whatever the owner does. */
+    /* Nothing wholly free: a live owner that has not refilled for MLD_HAND_OVER_IDLE_MS gives up pages it still holds
+     * blocks of (`live` and orphan_ms change under mld_heaps_mutex, held). */
     uint64_t last = atomic_load_explicit(&o->last_slow_ms, memory_order_relaxed);
-    if (!got && o->live && !orphan && last <= now && now - last >= MLD_HAND_OVER_IDLE_MS && !mld_os_thread_running(o->tid))
-      *taken = take_from_idle(o, c);
+    if (!got && o->live && !orphan && last <= now && now - last >= MLD_HAND_OVER_IDLE_MS) *taken = take_from_idle(o, c);
     mld_spin_unlock(&o->lock);
   }
   pthread_mutex_unlock(&mld_heaps_mutex);
@@ -1048,7 +1043,6 @@ void mld_heaps_fork_child(void) {
    * (the parent's copy names the parent's thread, which a child thread could never unlock). */
   heap_t *h = mld_tls_heap;
   if (h != &mld_heap_empty) {
-    h->tid = mld_os_gettid();
     life_begin(h);
     atomic_store_explicit(&h->lock, 0, memory_order_relaxed);
   }

@@ -2,10 +2,8 @@
 #define _GNU_SOURCE
 #include "platform/platform.h"
 #include <errno.h>
-#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <sys/auxv.h>
 #include <sys/random.h>
@@ -183,7 +181,7 @@ void mld_race_delay(void) {
 }
 void mld_race_delay_sometimes(void) {
   static _Atomic(unsigned) period;   /* MALLARD_RACE_FREE_PERIOD (a test that needs every call paused sets 1); 64 */
-  static __thread unsigned calls __attribute__((tls_model("initial-exec")));
+  static __thread unsigned calls;
   unsigned p = atomic_load_explicit(&period, memory_order_relaxed);
   if (!p) {
     const char *e = getenv("MALLARD_RACE_FREE_PERIOD");   /* getenv allocates nothing */
@@ -215,27 +213,6 @@ bool mld_os_barrier_all(void) {
   }
 #endif
   return false;
-}
-
-int mld_os_gettid(void) { return (int)syscall(SYS_gettid); }
-
-bool mld_os_thread_running(int tid) {
-  char path[48], buf[512];
-  if (tid <= 0) return true;
-#ifdef MALLARD_RACE_DELAY
-  /* Every other ask answers "waits": what a caller does on that answer must be safe with the thread running. */
-  static __thread unsigned asks __attribute__((tls_model("initial-exec")));
-  if (++asks % 2) return false;
-#endif
-  snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);   /* snprintf of an int allocates nothing */
-  int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
-  ssize_t n = syscall(SYS_read, fd, buf, sizeof buf - 1);
-  syscall(SYS_close, fd);
-  if (n <= 0) return true;
-  buf[n] = 0;
-  const char *paren = strrchr(buf, ')');   /* "tid (comm) S ...": comm may hold spaces and parentheses */
-  return !paren || paren[1] != ' ' || paren[2] == 'R';
 }
 
 uint64_t mld_now_ms(void) {

@@ -58,10 +58,6 @@ MLD_HIDDEN uint64_t mld_now_ms(void);
  * caller's earlier stores, and the caller sees whatever the thread stored before that point. false where the kernel
  * (or an emulator, a seccomp filter) does not offer it: the caller must then do without. */
 MLD_HIDDEN bool mld_os_barrier_all(void);
-MLD_HIDDEN int mld_os_gettid(void);
-/* Is thread `tid` of this process running or runnable (/proc/self/task/TID/stat's state R)? true when it cannot be
- * told (no /proc): a hint for whoever would disturb only a waiting thread. Allocates nothing. */
-MLD_HIDDEN bool mld_os_thread_running(int tid);
 MLD_HIDDEN uint64_t mld_now_ns(void);                               /* CLOCK_MONOTONIC, ns */
 MLD_HIDDEN uint64_t mld_realtime_ns(void);                          /* CLOCK_REALTIME, ns since the epoch */
 /* Mappings outside the allocator's accounting (the profiler's tables, the guarded pool): NULL on failure. */
