@@ -26,7 +26,7 @@ ctest --test-dir build --output-on-failure -j "$jobs" || status=1
 echo "== ctest (ASan+UBSan build, prefixed API)"
 ctest --test-dir build-asan --output-on-failure -L prefix -j "$jobs" || status=1
 echo "== ctest (race-delay build: multi-threaded tests)"
-ctest --test-dir build-race --output-on-failure -j "$jobs" -R 'stress|model|churn|owner|memory_paths|memory_idle|fork|no_thread|double|wakeup|succession|handoff|reclaim|hand_over|purge_unlocked' || status=1
+ctest --test-dir build-race --output-on-failure -j "$jobs" -R 'stress|model|churn|owner|memory_paths|memory_idle|fork|no_thread|double|wakeup|succession|handoff|reclaim|hand_over|purge_unlocked|claim|take_idle' || status=1
 # ---- ThreadSanitizer: the multi-threaded tests through the prefixed API, in a build directory of their own
 # (tests/c/tsan.supp lists the only suppressions: documented intentionally racy reads). ----
 echo "== ctest (ThreadSanitizer build, multi-threaded prefixed-API tests)"
