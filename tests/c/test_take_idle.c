@@ -1,11 +1,12 @@
 /* test_take_idle.c — a thread that needs a page takes pages of an idle live thread that still holds blocks of them
  * (heap.c take_from_idle: parked from outside, a barrier on every thread, the owner's hazard respected): `take` checks
  * that it happens while the owner is blocked, that the new blocks come from its pages and that every block stays
- * intact, the owner's own later frees into the taken pages included; `race` has owners that pause past the idle time
- * and then free bursts of their own blocks (no refill in between, so they look idle while they free) while other
- * threads free the rest of the owners' blocks and allocate, taking those pages. Every block carries a pattern checked
- * before it is freed. `race` is built for ThreadSanitizer and the race-delay build too, whose pause on the owner's
- * free path (between its test of the page and its push) is where an owner's free meets a take. */
+ * intact, the owner's own later frees into the taken pages included; `race` has owners that, after making their
+ * blocks, never refill (so they look idle) while they free their own blocks one by one, and takers that free the rest
+ * of the owners' blocks and allocate, taking those pages meanwhile. Every block carries a pattern checked before it is
+ * freed. `race` is built for ThreadSanitizer and the race-delay build too, whose pause inside the owner's push (one
+ * push in 4 here: MALLARD_RACE_FREE_PERIOD) is where an owner's free meets a take, and which aborts when the page
+ * stopped being the owner's before the push ended. */
 #include "mtest.h"
 #include <pthread.h>
 #include <sched.h>
