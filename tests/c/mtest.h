@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -250,6 +251,31 @@ static inline unsigned mt_live_heaps(void) {
     total += t;
   }
   return total;
+}
+
+/* A stage that one thread announces and others wait for (owner ready, owner may go on): a counter under a mutex and a
+ * condition variable. */
+typedef struct mt_stage_s {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stage;
+} mt_stage_t;
+#define MT_STAGE_INIT { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 }
+static inline void mt_stage_set(mt_stage_t *st, int s) {
+  pthread_mutex_lock(&st->mu);
+  st->stage = s;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
+}
+static inline void mt_stage_wait(mt_stage_t *st, int s) {
+  pthread_mutex_lock(&st->mu);
+  while (st->stage < s) pthread_cond_wait(&st->cv, &st->mu);
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Send this thread's outbox (its remote frees, batched per page) and empty its caches now. */
+static inline void mt_flush_outbox(void) {
+  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
 }
 
 #endif

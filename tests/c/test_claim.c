@@ -11,10 +11,6 @@
 
 static uint64_t claimed(void) { return mt_ctl_u64("stats.pages_claimed"); }
 
-/* Send this thread's outbox (its remote frees, batched per page) now. */
-static void flush_outbox(void) {
-  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
-}
 
 static bool in_pages(void *const *blocks, size_t n, const void *p) {   /* small pages are one 64 KiB slot */
   for (size_t i = 0; i < n; i++)
@@ -34,27 +30,13 @@ static void alloc_filled(void **b, size_t n, size_t size, uint64_t tag0) {
 /* ---- take ---- */
 enum { TBLOCKS = 16384, TSIZE = 64 };   /* 16 pages of 1024 blocks: all but the current one parked */
 static void *tblk[TBLOCKS];
-static pthread_mutex_t tmu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t tcv = PTHREAD_COND_INITIALIZER;
-static int tstage;   /* 1: the owner's blocks are ready; 2: the owner may exit */
-
-static void tstage_set(int s) {
-  pthread_mutex_lock(&tmu);
-  tstage = s;
-  pthread_cond_broadcast(&tcv);
-  pthread_mutex_unlock(&tmu);
-}
-static void tstage_wait(int s) {
-  pthread_mutex_lock(&tmu);
-  while (tstage < s) pthread_cond_wait(&tcv, &tmu);
-  pthread_mutex_unlock(&tmu);
-}
+static mt_stage_t tstage = MT_STAGE_INIT;   /* 1: the owner's blocks are ready; 2: the owner may exit */
 
 static void *take_owner(void *arg) {
   (void)arg;
   alloc_filled(tblk, TBLOCKS, TSIZE, 0);
-  tstage_set(1);
-  tstage_wait(2);   /* blocked: it never refills, so only a claim can reuse its pages */
+  mt_stage_set(&tstage, 1);
+  mt_stage_wait(&tstage, 2);   /* blocked: it never refills, so only a claim can reuse its pages */
   return NULL;
 }
 
@@ -62,14 +44,14 @@ static void *take_owner(void *arg) {
 static int run_take(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, take_owner, NULL) == 0, "pthread_create");
-  tstage_wait(1);
+  mt_stage_wait(&tstage, 1);
   uint64_t before = claimed();
   for (size_t i = 0; i < TBLOCKS; i++) {   /* every block comes back, as remote frees */
     size_t bad = mt_verify(tblk[i], TSIZE, i);
     CHECK(bad == TSIZE, "block %zu damaged at %zu", i, bad);
     M_free(mt_hide(tblk[i]));
   }
-  flush_outbox();
+  mt_flush_outbox();
   enum { MINE = 8192 };
   static void *mine[MINE];
   size_t inside = 0;
@@ -82,7 +64,7 @@ static int run_take(void) {
     size_t bad = mt_verify(mine[i], TSIZE, 1000000 + i);
     CHECK(bad == TSIZE, "new block %zu damaged at %zu", i, bad);
   }
-  tstage_set(2);
+  mt_stage_set(&tstage, 2);
   pthread_join(t, NULL);   /* the owner's heap becomes an orphan: our blocks in its old pages are ours */
   for (size_t i = 0; i < MINE; i++) M_free(mt_hide(mine[i]));
   printf("take: %llu pages claimed, %zu of %d new blocks in them\n", (unsigned long long)got, inside, MINE);
@@ -100,8 +82,8 @@ static void *cblk[CBLOCKS];
 static void *current_owner(void *arg) {
   (void)arg;
   alloc_filled(cblk, CBLOCKS, CSIZE, 0);
-  tstage_set(1);
-  tstage_wait(2);
+  mt_stage_set(&tstage, 1);
+  mt_stage_wait(&tstage, 2);
   enum { AGAIN = 100 };
   void *again[AGAIN];
   size_t shared = 0;
@@ -118,7 +100,7 @@ static void *current_owner(void *arg) {
 static int run_current(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, current_owner, NULL) == 0, "pthread_create");
-  tstage_wait(1);
+  mt_stage_wait(&tstage, 1);
   REQUIRE(((uintptr_t)cblk[0] >> 16) != ((uintptr_t)cblk[CBLOCKS - 1] >> 16), "the owner's blocks are in one page");
   uint64_t before = claimed();
   for (size_t i = 0; i < CBLOCKS; i++) {
@@ -126,7 +108,7 @@ static int run_current(void) {
     CHECK(bad == CSIZE, "block %zu damaged at %zu", i, bad);
     M_free(mt_hide(cblk[i]));
   }
-  flush_outbox();
+  mt_flush_outbox();
   size_t in_current = 0;
   for (size_t i = 0; i < CBLOCKS; i++) {   /* tblk is free for this case: it holds our new blocks */
     tblk[i] = M_malloc(CSIZE);
@@ -135,7 +117,7 @@ static int run_current(void) {
   }
   CHECK(claimed() > before, "the owner's parked page was not claimed (the case tests nothing)");
   CHECK(in_current == 0, "the owner's current page was claimed: %zu of our blocks are in it", in_current);
-  tstage_set(2);
+  mt_stage_set(&tstage, 2);
   pthread_join(t, NULL);
   for (size_t i = 0; i < CBLOCKS; i++) M_free(mt_hide(tblk[i]));
   return mt_result("claim current");
@@ -156,8 +138,8 @@ static void *orphan_freer(void *arg) {
   (void)arg;
   void *mine = M_malloc(16);   /* this thread's heap, made before the orphan exists */
   REQUIRE(mine, "malloc");
-  tstage_set(1);
-  tstage_wait(2);   /* the owner has exited */
+  mt_stage_set(&tstage, 1);
+  mt_stage_wait(&tstage, 2);   /* the owner has exited */
   uint64_t before = claimed();
   for (size_t i = 0; i < CPAGE; i++) {
     size_t bad = mt_verify(cblk[i], CSIZE, i);
@@ -178,11 +160,11 @@ static int run_orphan(void) {
   REQUIRE(mine, "malloc");
   pthread_t f, t;
   REQUIRE(pthread_create(&f, NULL, orphan_freer, NULL) == 0, "pthread_create");
-  tstage_wait(1);
+  mt_stage_wait(&tstage, 1);
   REQUIRE(pthread_create(&t, NULL, orphan_owner, NULL) == 0, "pthread_create");
   pthread_join(t, NULL);
   REQUIRE(((uintptr_t)cblk[0] >> 16) == ((uintptr_t)cblk[CPAGE - 1] >> 16), "the owner's blocks are not in one page");
-  tstage_set(2);
+  mt_stage_set(&tstage, 2);
   pthread_join(f, NULL);
   M_free(mine);
   return mt_result("claim orphan");
@@ -202,8 +184,8 @@ static void *outbox_owner(void *arg) {
     oblk[i] = M_malloc(OSIZE);
     REQUIRE(oblk[i], "malloc");
   }
-  tstage_set(1);
-  tstage_wait(2);
+  mt_stage_set(&tstage, 1);
+  mt_stage_wait(&tstage, 2);
   for (size_t i = OPAGE; i < OBLOCKS; i++) M_free(mt_hide(oblk[i]));
   return NULL;
 }
@@ -224,12 +206,12 @@ static void *outbox_freer(void *arg) {
 static int run_outbox(void) {
   pthread_t t, f;
   REQUIRE(pthread_create(&t, NULL, outbox_owner, NULL) == 0, "pthread_create");
-  tstage_wait(1);
+  mt_stage_wait(&tstage, 1);
   REQUIRE(((uintptr_t)oblk[0] >> 16) == ((uintptr_t)oblk[OPAGE - 1] >> 16) &&
           ((uintptr_t)oblk[0] >> 16) != ((uintptr_t)oblk[OPAGE] >> 16), "the owner's first page is not blocks 0-1364");
   REQUIRE(pthread_create(&f, NULL, outbox_freer, NULL) == 0, "pthread_create");
   pthread_join(f, NULL);
-  tstage_set(2);
+  mt_stage_set(&tstage, 2);
   pthread_join(t, NULL);
   return mt_result("claim outbox");
 }
@@ -310,7 +292,7 @@ static void *race_partner(void *arg) {
         REQUIRE(now[i], "malloc");
         mt_fill(now[i], rsize(i), rtag(p + PAIRS, r, i));
       }
-      flush_outbox();
+      mt_flush_outbox();
     }
     if (r > 0) {   /* the previous round's */
       void **old = mine[p][(r - 1) & 1];

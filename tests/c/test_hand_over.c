@@ -16,21 +16,7 @@ static uint64_t handed(void) { return mt_ctl_u64("stats.pages_handed_over"); }
 /* ---- adopt ---- */
 enum { ABLOCKS = 20000, ASIZE = 64 };
 static void *ablk[ABLOCKS];
-static pthread_mutex_t amu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t acv = PTHREAD_COND_INITIALIZER;
-static int astage;   /* 1: the owner's blocks are ready; 2: the owner may free the rest */
-
-static void astage_set(int s) {
-  pthread_mutex_lock(&amu);
-  astage = s;
-  pthread_cond_broadcast(&acv);
-  pthread_mutex_unlock(&amu);
-}
-static void astage_wait(int s) {
-  pthread_mutex_lock(&amu);
-  while (astage < s) pthread_cond_wait(&acv, &amu);
-  pthread_mutex_unlock(&amu);
-}
+static mt_stage_t astage = MT_STAGE_INIT;   /* 1: the owner's blocks are ready; 2: the owner may free the rest */
 
 static void *adopt_owner(void *arg) {
   (void)arg;
@@ -39,8 +25,8 @@ static void *adopt_owner(void *arg) {
     REQUIRE(ablk[i], "malloc");
     mt_fill(ablk[i], ASIZE, i);
   }
-  astage_set(1);
-  astage_wait(2);   /* idle meanwhile: its parked pages may be handed over */
+  mt_stage_set(&astage, 1);
+  mt_stage_wait(&astage, 2);   /* idle meanwhile: its parked pages may be handed over */
   for (size_t i = 1; i < ABLOCKS; i += 2) {   /* its own blocks, some now in pages of other heaps */
     size_t bad = mt_verify(ablk[i], ASIZE, i);
     CHECK(bad == ASIZE, "owner's block %zu damaged at %zu", i, bad);
@@ -59,7 +45,7 @@ static bool in_owner_pages(const void *p) {
 static int run_adopt(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, adopt_owner, NULL) == 0, "pthread_create");
-  astage_wait(1);
+  mt_stage_wait(&astage, 1);
   uint64_t before = handed();
   for (size_t i = 0; i < ABLOCKS; i += 2) {   /* half of each page comes back, as remote frees */
     size_t bad = mt_verify(ablk[i], ASIZE, i);
@@ -86,7 +72,7 @@ static int run_adopt(void) {
     adopted += in_owner_pages(mine[i]);
   }
   CHECK(adopted > 0, "none of %d new blocks came from the %llu pages handed over", MINE, (unsigned long long)got);
-  astage_set(2);   /* the owner frees its half (remote frees into our pages now) while we free ours */
+  mt_stage_set(&astage, 2);   /* the owner frees its half (remote frees into our pages now) while we free ours */
   for (size_t i = 0; i < MINE; i++) {
     size_t bad = mt_verify(mine[i], ASIZE, 1000000 + i);
     CHECK(bad == ASIZE, "new block %zu damaged at %zu", i, bad);
@@ -97,10 +83,6 @@ static int run_adopt(void) {
   return mt_result("hand_over adopt");
 }
 
-/* Send this thread's outbox (its remote frees, batched per page) and empty its caches now. */
-static void flush_outbox(void) {
-  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
-}
 
 /* ---- reap: pages handed over while blocks of them were still out come back as soon as those are freed ---- */
 /* Poll stats.active every 2 ms for up to `secs` until it is at most `limit`; returns the last value read. */
@@ -126,8 +108,8 @@ static void *reap_owner(void *arg) {
     REQUIRE(ablk[i], "malloc");
     mt_fill(ablk[i], ASIZE, i);
   }
-  astage_set(1);
-  astage_wait(2);   /* idle throughout: other threads free every block */
+  mt_stage_set(&astage, 1);
+  mt_stage_wait(&astage, 2);   /* idle throughout: other threads free every block */
   return NULL;
 }
 
@@ -135,7 +117,7 @@ static int run_reap(void) {
   size_t active0 = mt_ctl_size("stats.active");
   pthread_t o, f;
   REQUIRE(pthread_create(&o, NULL, reap_owner, NULL) == 0, "pthread_create");
-  astage_wait(1);
+  mt_stage_wait(&astage, 1);
   uint64_t before = handed();
   REQUIRE(pthread_create(&f, NULL, free_range, (void *)(uintptr_t)0) == 0, "pthread_create");
   pthread_join(f, NULL);
@@ -154,7 +136,7 @@ static int run_reap(void) {
   size_t active = active_at_most(active0 + (1 << 20), 1.0);
   CHECK(active <= active0 + (1 << 20), "%llu pages handed over, every block freed: %zu KiB active 1 s later, %zu KiB before",
         (unsigned long long)got, active >> 10, active0 >> 10);
-  astage_set(2);
+  mt_stage_set(&astage, 2);
   pthread_join(o, NULL);
   printf("reap: %llu pages handed over; %zu KiB active after the frees, %zu KiB before\n", (unsigned long long)got,
          active >> 10, active0 >> 10);
@@ -190,20 +172,20 @@ static int run_reap_wake(void) {
   static void *d[DN];
   for (size_t i = 0; i < DN; i++) REQUIRE((d[i] = M_malloc(256)) != NULL, "malloc");
   for (size_t i = 0; i < DN; i++) M_free(mt_hide(d[i]));
-  flush_outbox();
+  mt_flush_outbox();
   REQUIRE(mt_ctl_size("stats.dirty") > 0, "no dirty span for the purging thread to wait for");
   size_t active0 = mt_ctl_size("stats.active");
   pthread_t o;
   REQUIRE(pthread_create(&o, NULL, reap_owner, NULL) == 0, "pthread_create");
-  astage_wait(1);
+  mt_stage_wait(&astage, 1);
   uint64_t before = handed();
   free_range((void *)(uintptr_t)0);   /* half of each page back: soon sweeps hand every parked page over */
-  flush_outbox();   /* our outbox */
+  mt_flush_outbox();   /* our outbox */
   size_t got = hand_over_settled(before);
   REQUIRE(got > 0, "no page of the idle owner was handed over");
   usleep(100000);   /* the purging thread back in its wait for the dirty spans' deadline */
   free_range((void *)(uintptr_t)1);   /* into abandoned pages: reap requests, nothing else */
-  flush_outbox();
+  mt_flush_outbox();
   /* A reap falls due at the sweep age (16 ms) after its request; allow 1 s, and the owner's current page. */
   double t0 = mt_now();
   size_t active = active_at_most(active0 + (256 << 10), 1.0);
@@ -211,7 +193,7 @@ static int run_reap_wake(void) {
         "before (a reap request did not wake the purging thread?)", got, active >> 10, active0 >> 10);
   printf("reap-wake: %zu pages handed over; %zu KiB active %.0f ms after the last frees, %zu KiB before\n", got,
          active >> 10, (mt_now() - t0) * 1e3, active0 >> 10);
-  astage_set(2);
+  mt_stage_set(&astage, 2);
   pthread_join(o, NULL);
   return mt_result("hand_over reap-wake");
 }
@@ -221,21 +203,21 @@ static int run_reap_wake(void) {
  * sweeps would come whatever became of the requests), and between rounds every thread is idle. */
 enum { RROUNDS = 40, RBLOCKS = 8192, RSIZE = 256 };   /* 2 MiB a round */
 static void *rblk[RBLOCKS];
-/* Round numbers under amu: the owner allocates round n once go_alloc >= n, the freer frees it once go_free >= n. */
+/* Round numbers under astage's mutex: the owner allocates round n once go_alloc >= n, the freer frees it once go_free >= n. */
 static unsigned go_alloc, ready, go_free, freed;
 static bool rquit;
 
 static void rset(unsigned *var, unsigned v) {
-  pthread_mutex_lock(&amu);
+  pthread_mutex_lock(&astage.mu);
   *var = v;
-  pthread_cond_broadcast(&acv);
-  pthread_mutex_unlock(&amu);
+  pthread_cond_broadcast(&astage.cv);
+  pthread_mutex_unlock(&astage.mu);
 }
 static bool rwait(const unsigned *var, unsigned v) {   /* until *var >= v; false: quit instead */
-  pthread_mutex_lock(&amu);
-  while (*var < v && !rquit) pthread_cond_wait(&acv, &amu);
+  pthread_mutex_lock(&astage.mu);
+  while (*var < v && !rquit) pthread_cond_wait(&astage.cv, &astage.mu);
   bool ok = *var >= v;
-  pthread_mutex_unlock(&amu);
+  pthread_mutex_unlock(&astage.mu);
   return ok;
 }
 
@@ -262,7 +244,7 @@ static void *rounds_freer(void *arg) {
       CHECK(bad == RSIZE, "block %zu damaged at %zu", i, bad);
       M_free(mt_hide(rblk[i]));
     }
-    flush_outbox();   /* its outbox too */
+    mt_flush_outbox();   /* its outbox too */
     rset(&freed, round);
   }
   return NULL;
@@ -294,10 +276,10 @@ static int run_rounds(void) {
     if (active > worst) worst = active;
     if (mt_now() - t0 > slowest) slowest = mt_now() - t0;
   }
-  pthread_mutex_lock(&amu);
+  pthread_mutex_lock(&astage.mu);
   rquit = true;
-  pthread_cond_broadcast(&acv);
-  pthread_mutex_unlock(&amu);
+  pthread_cond_broadcast(&astage.cv);
+  pthread_mutex_unlock(&astage.mu);
   pthread_join(o, NULL);
   pthread_join(f, NULL);
   printf("rounds: %d rounds of %d KiB, %llu pages handed over; active at most %zu KiB (%zu before), back within %.0f ms\n",

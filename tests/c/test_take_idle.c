@@ -14,9 +14,6 @@
 
 static uint64_t taken(void) { return mt_ctl_u64("stats.pages_taken_idle"); }
 
-static void flush_outbox(void) {
-  REQUIRE(MT_CTL("thread.tcache.flush", NULL, NULL, NULL, 0) == 0, "thread.tcache.flush");
-}
 
 static bool in_pages(void *const *blocks, size_t n, size_t step, const void *p) {   /* small pages: one 64 KiB slot */
   for (size_t i = 0; i < n; i += step)
@@ -27,21 +24,7 @@ static bool in_pages(void *const *blocks, size_t n, size_t step, const void *p) 
 /* ---- take ---- */
 enum { TBLOCKS = 16384, TSIZE = 64, TNEW = 4096 };   /* 16 pages of 1024 blocks */
 static void *tblk[TBLOCKS];
-static pthread_mutex_t tmu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t tcv = PTHREAD_COND_INITIALIZER;
-static int tstage;   /* 1: the owner's blocks are ready; 2: the owner may free its own */
-
-static void tstage_set(int s) {
-  pthread_mutex_lock(&tmu);
-  tstage = s;
-  pthread_cond_broadcast(&tcv);
-  pthread_mutex_unlock(&tmu);
-}
-static void tstage_wait(int s) {
-  pthread_mutex_lock(&tmu);
-  while (tstage < s) pthread_cond_wait(&tcv, &tmu);
-  pthread_mutex_unlock(&tmu);
-}
+static mt_stage_t tstage = MT_STAGE_INIT;   /* 1: the owner's blocks are ready; 2: the owner may free its own */
 
 static bool owner_keeps(size_t i) { return i % 4 == 0; }   /* the owner frees these itself, at the end */
 static bool main_frees(size_t i) { return i % 4 == 1; }    /* a quarter of every page, freed by main before it allocates */
@@ -60,8 +43,8 @@ static void *take_owner(void *arg) {
     M_free(mt_hide(tblk[i]));
     tblk[i] = NULL;
   }
-  tstage_set(1);
-  tstage_wait(2);   /* blocked: its pages hold its blocks, it refills no more */
+  mt_stage_set(&tstage, 1);
+  mt_stage_wait(&tstage, 2);   /* blocked: its pages hold its blocks, it refills no more */
   for (size_t i = 0; i < TBLOCKS; i++) {
     if (!owner_keeps(i)) continue;
     size_t bad = mt_verify(tblk[i], TSIZE, i);
@@ -74,14 +57,14 @@ static void *take_owner(void *arg) {
 static int run_take(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, take_owner, NULL) == 0, "pthread_create");
-  tstage_wait(1);
+  mt_stage_wait(&tstage, 1);
   uint64_t before = taken();
   for (size_t i = 0; i < TBLOCKS; i++) {
     if (!main_frees(i) || !tblk[i]) continue;
     CHECK(mt_verify(tblk[i], TSIZE, i) == TSIZE, "block %zu damaged", i);
     M_free(mt_hide(tblk[i]));
   }
-  flush_outbox();   /* published: a take counts them */
+  mt_flush_outbox();   /* published: a take counts them */
   usleep(20 * 1000);   /* past the idle time since the owner's last refill */
   static void *mine[TNEW];
   size_t in_owner = 0;
@@ -99,7 +82,7 @@ static int run_take(void) {
   /* Everyone's blocks intact; then the owner frees its own into pages that are ours now. */
   for (size_t i = 0; i < TBLOCKS; i++)
     if (i % 4 >= 2 && tblk[i]) CHECK(mt_verify(tblk[i], TSIZE, i) == TSIZE, "owner's block %zu damaged after the take", i);
-  tstage_set(2);
+  mt_stage_set(&tstage, 2);
   pthread_join(t, NULL);
   for (size_t i = 0; i < TBLOCKS; i++) {
     if (i % 4 < 2 || !tblk[i]) continue;
@@ -179,7 +162,7 @@ static void *race_taker(void *arg) {
       k++;
       share++;
     }
-    if (n % 64 == 0) flush_outbox();
+    if (n % 64 == 0) mt_flush_outbox();
   }
   for (; cursor < (size_t)OWNERS * RBLOCKS; cursor++) {
     size_t o = cursor % OWNERS, i = cursor / OWNERS;
