@@ -45,7 +45,7 @@ static inline void *alloc_class(unsigned c) {
     secure_on_alloc(pg, b);
 #endif
 #ifdef MALLARD_STATS
-    h->stats.cls[c].nmalloc++;
+    (*mld_page_nmalloc_count(pg))++;   /* h->stats.cls[c].nmalloc: pg is h's page of class c */
 #endif
     return b;
   }

@@ -149,7 +149,12 @@ _Static_assert(sizeof(segment_t) <= MLD_OS_PAGE_MAX, "the huge header is at most
 
 static inline segment_t *segment_of(const void *p) { return (segment_t *)((uintptr_t)p & ~(uintptr_t)MLD_SEGMENT_MASK); }
 /* The descriptor of p's slot: its page's own for a block in the page's first slot. */
-static inline page_t *slot_page(segment_t *seg, const void *p) { return &seg->pages[((uintptr_t)p - (uintptr_t)seg) >> MLD_SLOT_SHIFT]; }
+/* Bit arithmetic on p alone (a segment is aligned to its size, a descriptor is 1 << 7 bytes): one shift and one mask
+ * give the descriptor's byte offset, and the base's offset of pages[] folds into the field displacements. */
+static inline page_t *slot_page(segment_t *seg, const void *p) {
+  size_t off = ((uintptr_t)p >> (MLD_SLOT_SHIFT - 7)) & ((MLD_SLOTS - 1) << 7);
+  return (page_t *)((uint8_t *)seg->pages + off);
+}
 static inline page_t *page_of(segment_t *seg, const void *p) {
   page_t *pg = slot_page(seg, p);
   return pg - pg->offset;
@@ -279,6 +284,11 @@ typedef struct heap_s {
 static inline void mld_page_set_owner(page_t *pg, heap_t *h) {
   pg->nfree_count = &h->stats.cls[pg->size_class].nfree;
   atomic_store_explicit(&pg->heap, h, memory_order_release);
+}
+/* The owner's nmalloc counter of pg's class, beside the nfree that nfree_count names: a malloc from the current page
+ * counts through the line it already reads (pg->free's) rather than indexing the heap's statistics by class. */
+static inline uint64_t *mld_page_nmalloc_count(const page_t *pg) {
+  return (uint64_t *)((uint8_t *)pg->nfree_count - offsetof(class_stats_t, nfree) + offsetof(class_stats_t, nmalloc));
 }
 
 /* ---- arena ------------------------------------------------------------------------------------------- */
