@@ -34,8 +34,8 @@ static MLD_NOINLINE void *alloc_slow(heap_t *h, unsigned c) {
 }
 
 /* ---- fast paths ---- */
-static inline void *alloc_class(unsigned c) {
-  heap_t *h = mld_tls_heap;
+/* A block of class c from the current page, or NULL when its list is empty (the caller's slow path). */
+static inline void *alloc_class_try(heap_t *h, unsigned c) {
   page_t *pg = h->current[c];
   block_t *b = pg->free;
   if (likely(b != NULL)) {
@@ -47,9 +47,14 @@ static inline void *alloc_class(unsigned c) {
 #ifdef MALLARD_STATS
     (*mld_page_nmalloc_count(pg))++;   /* h->stats.cls[c].nmalloc: pg is h's page of class c */
 #endif
-    return b;
   }
-  return alloc_slow(h, c);
+  return b;
+}
+
+static inline void *alloc_class(unsigned c) {
+  heap_t *h = mld_tls_heap;
+  void *b = alloc_class_try(h, c);
+  return likely(b != NULL) ? b : alloc_slow(h, c);
 }
 
 static MLD_NOINLINE void *alloc_big(size_t size, size_t align, bool zero) {
@@ -69,14 +74,25 @@ static MLD_NOINLINE void *alloc_not_small(size_t size) {
   return alloc_big(size, MLD_MIN_ALIGN, false);
 }
 
-static inline void *alloc(size_t size) {
+/* The small classes' table index of a request: the secure variant folds its canary's 8 bytes in, so that one
+ * compare covers the common path (mld_class_request's other cases, from MLD_CANARY_MAX - MLD_CANARY + 1 bytes on,
+ * go through alloc_not_small). */
 #ifdef MALLARD_SECURE
-  /* The canary's 8 bytes folded into the table index: one compare on the common path (mld_class_request's other
-   * cases, from MLD_CANARY_MAX - MLD_CANARY + 1 bytes on, go through alloc_not_small). */
-  if (likely(size <= MLD_CANARY_MAX - MLD_CANARY)) return alloc_class(mld_small_class[(size + MLD_CANARY + 15) >> 4]);
+#define SMALL_FAST_MAX (MLD_CANARY_MAX - MLD_CANARY)
+#define SMALL_FAST_INDEX(size) (((size) + MLD_CANARY + 15) >> 4)
 #else
-  if (likely(size <= MLD_SMALL_MAX)) return alloc_class(mld_small_class[(size + 15) >> 4]);
+#define SMALL_FAST_MAX MLD_SMALL_MAX
+#define SMALL_FAST_INDEX(size) (((size) + 15) >> 4)
 #endif
+
+/* A small request served from its class's current page, or NULL (anything else: the caller goes on to alloc). */
+static inline void *alloc_try(size_t size) {
+  if (likely(size <= SMALL_FAST_MAX)) return alloc_class_try(mld_tls_heap, mld_small_class[SMALL_FAST_INDEX(size)]);
+  return NULL;
+}
+
+static inline void *alloc(size_t size) {
+  if (likely(size <= SMALL_FAST_MAX)) return alloc_class(mld_small_class[SMALL_FAST_INDEX(size)]);
   return alloc_not_small(size);
 }
 
@@ -476,7 +492,14 @@ static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const
   (mld_prof_tick(size) ? prof_alloc((size), (align), (zero), __builtin_return_address(0)) : (expr))
 
 /* ---- the prefixed API ---- */
-MLD_EXPORT void *mallard_malloc(size_t size) { return PROF_ALLOC(size, MLD_MIN_ALIGN, false, alloc(size)); }
+/* malloc's miss (an empty current page, or a request above the small classes) goes on here, a tail call: the hit
+ * path keeps nothing for it in a register. */
+static MLD_NOINLINE void *alloc_miss(size_t size) { return alloc(size); }
+MLD_EXPORT void *mallard_malloc(size_t size) {
+  if (unlikely(mld_prof_tick(size))) return prof_alloc(size, MLD_MIN_ALIGN, false, __builtin_return_address(0));
+  void *p = alloc_try(size);
+  return likely(p != NULL) ? p : alloc_miss(size);
+}
 MLD_EXPORT void mallard_free(void *p) { dealloc(p); }
 
 MLD_EXPORT void *mallard_calloc(size_t n, size_t size) {
@@ -644,15 +667,35 @@ static MLD_NOINLINE void *cxx_next(const char *name) {
     return likely(p_ != NULL) ? p_ : (retry);                                                            \
   } while (0)
 
-MLD_EXPORT void *_Znwm(size_t n) { CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_t)cxx_next("_Znwm"))(n)); }
-MLD_EXPORT void *_Znam(size_t n) { CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_t)cxx_next("_Znam"))(n)); }
-MLD_EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) {
-  CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_nothrow_t)cxx_next("_ZnwmRKSt9nothrow_t"))(n, nt));
+/* The unaligned forms: a hit on the current page returns at once; a miss goes on in cxx_new_miss (a tail call), so
+ * that the common path keeps nothing in a saved register (no push and pop around it). */
+enum { CXX_NEW_W, CXX_NEW_A, CXX_NEW_W_NOTHROW, CXX_NEW_A_NOTHROW };
+static MLD_NOINLINE void *cxx_new_retry(size_t n, const void *nt, int form) {
+  switch (form) {
+    case CXX_NEW_W: return ((cxx_new_t)cxx_next("_Znwm"))(n);
+    case CXX_NEW_A: return ((cxx_new_t)cxx_next("_Znam"))(n);
+    case CXX_NEW_W_NOTHROW: return ((cxx_new_nothrow_t)cxx_next("_ZnwmRKSt9nothrow_t"))(n, nt);
+    default: return ((cxx_new_nothrow_t)cxx_next("_ZnamRKSt9nothrow_t"))(n, nt);
+  }
 }
-MLD_EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) {
-  CXX_NEW(n, MLD_MIN_ALIGN, alloc(n), ((cxx_new_nothrow_t)cxx_next("_ZnamRKSt9nothrow_t"))(n, nt));
+static MLD_NOINLINE void *cxx_new_miss(size_t n, const void *nt, int form) {
+  void *p = alloc(n);
+  return likely(p != NULL) ? p : cxx_new_retry(n, nt, form);
 }
-/* std::align_val_t is a size_t; C++ requires a power of two. */
+#define CXX_NEW_PLAIN(size, nt, form)                                                                    \
+  do {                                                                                                   \
+    if (likely(!mld_prof_tick(size))) {                                                                  \
+      void *p_ = alloc_try(size);                                                                        \
+      return likely(p_ != NULL) ? p_ : cxx_new_miss((size), (nt), (form));                               \
+    }                                                                                                    \
+    void *p_ = prof_alloc((size), MLD_MIN_ALIGN, false, __builtin_return_address(0));                    \
+    return likely(p_ != NULL) ? p_ : cxx_new_retry((size), (nt), (form));                                \
+  } while (0)
+
+MLD_EXPORT void *_Znwm(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_W); }
+MLD_EXPORT void *_Znam(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_A); }
+MLD_EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { CXX_NEW_PLAIN(n, nt, CXX_NEW_W_NOTHROW); }
+MLD_EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { CXX_NEW_PLAIN(n, nt, CXX_NEW_A_NOTHROW); }
 MLD_EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) {
   CXX_NEW(n, al, alloc_aligned(al, n), ((cxx_new_aligned_t)cxx_next("_ZnwmSt11align_val_t"))(n, al));
 }
