@@ -696,6 +696,7 @@ MLD_EXPORT void *_Znwm(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_W); }
 MLD_EXPORT void *_Znam(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_A); }
 MLD_EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { CXX_NEW_PLAIN(n, nt, CXX_NEW_W_NOTHROW); }
 MLD_EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { CXX_NEW_PLAIN(n, nt, CXX_NEW_A_NOTHROW); }
+/* std::align_val_t is a size_t; C++ requires a power of two. */
 MLD_EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) {
   CXX_NEW(n, al, alloc_aligned(al, n), ((cxx_new_aligned_t)cxx_next("_ZnwmSt11align_val_t"))(n, al));
 }
