@@ -65,6 +65,16 @@ bash scripts/test-musl.sh || status=1
 # at 16 and 64 KiB pages (scripts/test-aarch64.sh). ----
 echo "== aarch64 under qemu-user (scripts/test-aarch64.sh)"
 bash scripts/test-aarch64.sh || status=1
+# ---- clang (the standard: -Wall -Wextra -Werror clean with gcc and clang): every target built with clang, then
+# the C suite. ----
+echo "== clang: every target, and ctest (build-clang)"
+if CC=clang CXX=clang++ cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+   cmake --build build-clang -j "$jobs" >/dev/null; then
+  ctest --test-dir build-clang --output-on-failure -j "$jobs" || status=1
+else
+  echo "the clang build failed"
+  status=1
+fi
 echo "== pytest"
 MALLARD_BUILD_DIR="$root/build" .venv/bin/pytest -q -ra tests/ || status=1
 # ---- Rust crates (bindings/rust, issue 9): cargo test of both variants, then cargo package (no publishing) ----
