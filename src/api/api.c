@@ -96,6 +96,17 @@ static inline void *alloc(size_t size) {
   return alloc_not_small(size);
 }
 
+/* After alloc_try found nothing: alloc's slow paths, without trying the current page again. A tail call from the
+ * exported functions, so that their hit path keeps nothing for it in a register. */
+static MLD_NOINLINE void *alloc_miss(size_t size) {
+  if (likely(size <= SMALL_FAST_MAX)) return alloc_slow(mld_tls_heap, mld_small_class[SMALL_FAST_INDEX(size)]);
+  return alloc_not_small(size);
+}
+static inline void *alloc_hit_or_miss(size_t size) {
+  void *p = alloc_try(size);
+  return likely(p != NULL) ? p : alloc_miss(size);
+}
+
 /* Blocks outside Mallard's segments: guarded blocks (guarded.c), then huge blocks aligned beyond a segment. */
 static MLD_NOINLINE void free_foreign(void *p, const char *what) {
   if (mld_guard_owns(p)) {
@@ -492,14 +503,7 @@ static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const
   (mld_prof_tick(size) ? prof_alloc((size), (align), (zero), __builtin_return_address(0)) : (expr))
 
 /* ---- the prefixed API ---- */
-/* malloc's miss (an empty current page, or a request above the small classes) goes on here, a tail call: the hit
- * path keeps nothing for it in a register. */
-static MLD_NOINLINE void *alloc_miss(size_t size) { return alloc(size); }
-MLD_EXPORT void *mallard_malloc(size_t size) {
-  if (unlikely(mld_prof_tick(size))) return prof_alloc(size, MLD_MIN_ALIGN, false, __builtin_return_address(0));
-  void *p = alloc_try(size);
-  return likely(p != NULL) ? p : alloc_miss(size);
-}
+MLD_EXPORT void *mallard_malloc(size_t size) { return PROF_ALLOC(size, MLD_MIN_ALIGN, false, alloc_hit_or_miss(size)); }
 MLD_EXPORT void mallard_free(void *p) { dealloc(p); }
 
 MLD_EXPORT void *mallard_calloc(size_t n, size_t size) {
@@ -679,7 +683,7 @@ static MLD_NOINLINE void *cxx_new_retry(size_t n, const void *nt, int form) {
   }
 }
 static MLD_NOINLINE void *cxx_new_miss(size_t n, const void *nt, int form) {
-  void *p = alloc(n);
+  void *p = alloc_miss(n);
   return likely(p != NULL) ? p : cxx_new_retry(n, nt, form);
 }
 #define CXX_NEW_PLAIN(size, nt, form)                                                                    \

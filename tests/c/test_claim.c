@@ -11,7 +11,6 @@
 
 static uint64_t claimed(void) { return mt_ctl_u64("stats.pages_claimed"); }
 
-
 static bool in_pages(void *const *blocks, size_t n, const void *p) {   /* small pages are one 64 KiB slot */
   for (size_t i = 0; i < n; i++)
     if (((uintptr_t)blocks[i] >> 16) == ((uintptr_t)p >> 16)) return true;
