@@ -158,6 +158,16 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     mld_stats_sum(&hs);
     READ(uint64_t, hs.pages_taken_idle);
   }
+  if (!strcmp(n, "pages_parked")) {   /* pages parked by their owners' refills (heap.c park) */
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    READ(uint64_t, hs.pages_parked);
+  }
+  if (!strcmp(n, "frees_parked")) {   /* owners' frees into their own parked pages: the locked path (heap.c) */
+    heap_stats_t hs;
+    mld_stats_sum(&hs);
+    READ(uint64_t, hs.frees_parked);
+  }
   mld_global_stats(&g);
   if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
   if (!strcmp(n, "active")) READ(size_t, g.active);
