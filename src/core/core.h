@@ -273,12 +273,13 @@ typedef struct heap_s {
   uint64_t reclaim_ms;                   /* the owner's last such walk, plus 1 ms per 64 pages it walked */
   /* Claims (heap.c claim_parked) that found nothing in a row, and the new pages to take before the next try. */
   uint32_t claim_misses, claim_skip;
-  unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
   /* The block the owner last began to free (api.c dealloc), stored with release before its free reads the page's
    * owner_slow: a thread that parks a page of an idle owner from outside (heap.c take_from_idle) leaves alone the page
-   * this points into after a barrier on every thread (mld_os_barrier_all). Written on every free: on a line only the
-   * owner writes. */
-  _Atomic(void *) hazard;
+   * this points into after a barrier on every thread (mld_os_barrier_all). Written on every free: it starts a line
+   * that only the owner writes (the fields above it are written or read by other threads: remote senders read
+   * reclaim_wanted and last_slow_ms on every batch into a page that is not current, claims take `lock`). */
+  _Alignas(MLD_CACHE_LINE) _Atomic(void *) hazard;
+  unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
 } heap_t;
