@@ -110,8 +110,6 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t capacity;                     /* blocks carved into lists so far */
   uint32_t reserved;                     /* blocks that fit in the page */
   uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
-  uint8_t dry_seen;                      /* found with nothing free by a refill and left on its class list, at its
-                                          * tail: parked when found so again (heap.c heap_find_page; heap lock) */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
   uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap` (mld_page_set_owner):
                                           * an owner free counts without loading size_class (one dependent load less
@@ -206,7 +204,7 @@ typedef struct heap_stats_s {
   uint64_t pages_handed_over;            /* parked pages of an idle owner given to other heaps (heap.c hand_over) */
   uint64_t pages_claimed;                /* other heaps' pages, every block freed remotely, taken as new pages (heap.c) */
   uint64_t pages_taken_idle;             /* pages of an idle live owner, still holding its blocks, parked from outside and handed over (heap.c) */
-  uint64_t pages_parked;                 /* pages its refills found with nothing free twice and parked (heap.c park) */
+  uint64_t pages_parked;                 /* pages its refills found with nothing free and parked (heap.c park) */
   uint64_t frees_parked;                 /* its frees into its own parked pages: the locked path (heap.c mld_free_parked) */
 } heap_stats_t;
 

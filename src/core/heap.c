@@ -57,13 +57,11 @@ static void list_rotate_through(page_list_t *l, page_t *last) {
 /* in_full is read by threads sending remote frees (outbox.c): written atomically, always under the heap lock. */
 static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, v, __ATOMIC_RELAXED); }
 
-/* A page found with nothing free (twice: heap_find_page) leaves the class list for the full list until frees
- * arrive. From now on the owner's frees into it take the locked path (mld_free_parked), so a sweep may give it
- * back. */
+/* A page with nothing free leaves the class list for the full list until remote frees arrive. From now on
+ * the owner's frees into it take the locked path (mld_free_parked), so a sweep may give it back. */
 static void park(heap_t *h, unsigned c, page_t *pg) {
   if (h != &mld_exit_heap) h->stats.pages_parked++;   /* the exit heap's counters are summed nowhere */
   set_in_full(pg, 1);
-  pg->dry_seen = 0;   /* back on the class list, a page starts again with one turn at its tail */
   list_push_tail(&h->full[c], pg);
   /* Remote frees published before in_full was set asked for no sweep: one is due if any waits now. A send that
    * read its notice before in_full was set and publishes after this check asks for none either: that page waits
@@ -620,27 +618,21 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
 
 static page_t *heap_find_page(heap_t *h, unsigned c) {
   page_list_t *avail = &h->avail[c], *full = &h->full[c];
-  page_t *pg = avail->head, *first_moved = NULL;
-  /* A page found with nothing free goes to the list's tail the first time (dry_seen), and is parked only when a later
-   * refill finds it so again: a page whose blocks its owner frees while another is current (larson: two pages of a
-   * class taking turns) then gets them back on the unlocked fast path, with no park, no locked free into a parked
-   * page and no unpark per turn. The walk stops at the first page it moved (every page is looked at once); no other
-   * limit: a page is moved at most once and parked at most once per return to the list, so the walk is amortised. */
-  while (pg && pg != first_moved) {
+  page_t *pg = avail->head;
+  /* No limit here: a page is parked at most once per return from the full list, so the walk is amortised. A page
+   * found with nothing free is parked at once, though its owner may free into it next (larson: two pages of a class
+   * taking turns): moving it to the list's tail instead, and parking it only when found so twice, ran 1.5% fewer
+   * instructions and was 2-6% slower at larson and the suite's succession (with `membarrier` calls where there were
+   * none: such pages of an idle owner are taken from outside under a barrier, not handed over; docs/PERFORMANCE.md,
+   * the twentieth pass of issue 39). */
+  while (pg) {
     page_t *next = pg->next;
     if (mld_page_refill(pg)) {
-      pg->dry_seen = 0;
       if (pg != avail->head) { list_remove(avail, pg); list_push_head(avail, pg); }
       return pg;
     }
-    list_remove(avail, pg);
-    if (!pg->dry_seen) {
-      pg->dry_seen = 1;
-      list_push_tail(avail, pg);
-      if (!first_moved) first_moved = pg;
-    } else {
-      park(h, c, pg);                       /* nothing free twice: parked until frees arrive */
-    }
+    list_remove(avail, pg);                 /* nothing free: park it until remote frees arrive */
+    park(h, c, pg);
     pg = next;
   }
   /* Sweep the oldest full pages for remote frees before taking a new page: the first found with a free block (remote

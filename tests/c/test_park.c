@@ -1,7 +1,7 @@
-/* test_park.c — when a refill parks a page (heap.c heap_find_page): a page found with nothing free once only goes to
- * the tail of its class list, so that its owner's frees into it take the unlocked fast path; found so a second time,
- * it is parked, and the owner's frees into it take the locked path. Read through stats.pages_parked and
- * stats.frees_parked, in a thread of its own (its heap allocates nothing else of the class). */
+/* test_park.c — parking, counted (heap.c heap_find_page, mld_free_parked): a page a refill finds with nothing free is
+ * parked at once (stats.pages_parked), and its owner's free into it takes the locked path (stats.frees_parked), which
+ * puts it back on its class list, so that the block freed into it is handed out again before a new page is taken. In a
+ * thread of its own: its heap allocates nothing else of the class. */
 #include "mtest.h"
 #include <pthread.h>
 
@@ -30,28 +30,27 @@ static void *run(void *arg) {
   size_t n = 0;
   blk[n++] = M_malloc(SIZE);
   REQUIRE(blk[0], "malloc");
-  uintptr_t pages[3] = { page_id(blk[0]) };
+  uintptr_t pages[2] = { page_id(blk[0]) };
   uint64_t p0 = parked(), f0 = frees_parked();
-  /* Page A filled: the refill that found it dry took page B, leaving A on the class list. */
+  /* Page A filled: the refill that found it dry parked it and took page B. */
   size_t b0 = fill_until_new(&n, pages, 1);
   pages[1] = page_id(blk[b0]);
-  CHECK(parked() == p0, "page A was parked the first time a refill found it dry (%llu pages parked)",
-        (unsigned long long)(parked() - p0));
-  /* The owner frees a block of A: the fast path, not the locked one. */
+  CHECK(parked() == p0 + 1, "%llu pages parked when page A ran dry (1 expected)", (unsigned long long)(parked() - p0));
+  /* The owner frees a block of A: the locked path, which puts A back on the class list. */
   void *a0 = blk[0];
   M_free(mt_hide(a0));
-  CHECK(frees_parked() == f0, "a free into page A took the locked path (A was parked)");
-  /* B filled: its refill moves B to the tail and takes A (one free block); A runs dry at once, goes to the tail, and
-   * B, found dry a second time, is parked; page C follows. */
+  CHECK(frees_parked() == f0 + 1, "%llu locked frees after a free into the parked page A (1 expected)",
+        (unsigned long long)(frees_parked() - f0));
+  /* B filled: its refill parks B and takes A back (one free block), which runs dry at once and is parked too; C follows. */
   size_t c0 = fill_until_new(&n, pages, 2);
   bool reused = false;
   for (size_t i = b0; i < c0; i++) reused |= blk[i] == a0;
   CHECK(reused, "the block freed into page A was not handed out again before a new page");
-  CHECK(parked() == p0 + 1, "%llu pages parked where page B alone, found dry twice, should be",
+  CHECK(parked() == p0 + 3, "%llu pages parked by the time page C was taken (3 expected: A, B, A again)",
         (unsigned long long)(parked() - p0));
-  /* The owner frees a block of B: the locked path. */
+  /* The owner frees a block of B: the locked path again. */
   M_free(mt_hide(blk[b0]));
-  CHECK(frees_parked() == f0 + 1, "a free into the parked page B did not take the locked path (%llu locked frees)",
+  CHECK(frees_parked() == f0 + 2, "%llu locked frees after a free into the parked page B (2 expected)",
         (unsigned long long)(frees_parked() - f0));
   for (size_t i = 1; i < n; i++)   /* blk[0] and blk[b0] are freed (a0 may be live again, further on) */
     if (i != b0) M_free(mt_hide(blk[i]));
