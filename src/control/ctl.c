@@ -26,6 +26,16 @@ static bool rd_ok(const void *oldp, const size_t *oldlenp, size_t n) { return !o
 #define RO() do { if (newp || newlen) return EPERM; } while (0)
 #define READ(T, expr) do { T v_ = (expr); return rd(oldp, oldlenp, &v_, sizeof v_); } while (0)
 
+/* stats.<name>: counters of the heap statistics, summed over every heap (mld_stats_sum). */
+static const struct { const char *name; size_t off; } heap_counters[] = {
+  { "remote_frees", offsetof(heap_stats_t, remote_frees) },            /* frees into another thread's page */
+  { "pages_handed_over", offsetof(heap_stats_t, pages_handed_over) },  /* idle threads' parked pages given away */
+  { "pages_claimed", offsetof(heap_stats_t, pages_claimed) },          /* others' pages, every block freed remotely */
+  { "pages_taken_idle", offsetof(heap_stats_t, pages_taken_idle) },    /* idle threads' pages, blocks still theirs */
+  { "pages_parked", offsetof(heap_stats_t, pages_parked) },            /* pages parked by their owners' refills */
+  { "frees_parked", offsetof(heap_stats_t, frees_parked) },            /* owners' locked frees into parked pages */
+};
+
 /* Parse "<digits>" at *s followed by '.' (or end); advances *s past it. */
 static bool take_index(const char **s, unsigned *out) {
   char *end;
@@ -138,35 +148,11 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
   }
   /* The decay in force: dirty_decay_ms, or longer while purged memory is faulted in again (arena.c). */
   if (!strcmp(n, "dirty_decay_ms")) READ(long, mld_decay_current(mld_now_ms()));
-  if (!strcmp(n, "remote_frees")) {   /* frees of blocks of another thread's page (the remote path) */
+  for (size_t i = 0; i < sizeof heap_counters / sizeof heap_counters[0]; i++) {
+    if (strcmp(n, heap_counters[i].name)) continue;
     heap_stats_t hs;
     mld_stats_sum(&hs);
-    READ(uint64_t, hs.remote_frees);
-  }
-  if (!strcmp(n, "pages_handed_over")) {   /* parked pages of idle threads given to other heaps (heap.c) */
-    heap_stats_t hs;
-    mld_stats_sum(&hs);
-    READ(uint64_t, hs.pages_handed_over);
-  }
-  if (!strcmp(n, "pages_claimed")) {   /* other threads' pages, every block freed remotely, taken as new pages (heap.c) */
-    heap_stats_t hs;
-    mld_stats_sum(&hs);
-    READ(uint64_t, hs.pages_claimed);
-  }
-  if (!strcmp(n, "pages_taken_idle")) {   /* pages of idle threads, blocks still theirs, handed to other heaps (heap.c) */
-    heap_stats_t hs;
-    mld_stats_sum(&hs);
-    READ(uint64_t, hs.pages_taken_idle);
-  }
-  if (!strcmp(n, "pages_parked")) {   /* pages parked by their owners' refills (heap.c park) */
-    heap_stats_t hs;
-    mld_stats_sum(&hs);
-    READ(uint64_t, hs.pages_parked);
-  }
-  if (!strcmp(n, "frees_parked")) {   /* owners' frees into their own parked pages: the locked path (heap.c) */
-    heap_stats_t hs;
-    mld_stats_sum(&hs);
-    READ(uint64_t, hs.frees_parked);
+    READ(uint64_t, *(const uint64_t *)((const uint8_t *)&hs + heap_counters[i].off));
   }
   mld_global_stats(&g);
   if (!strcmp(n, "allocated")) READ(size_t, g.allocated);
