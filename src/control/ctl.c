@@ -49,7 +49,7 @@ static bool take_index(const char **s, unsigned *out) {
 
 static uint64_t heap_bytes(const heap_stats_t *s, bool freed) {
   uint64_t b = 0;
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) b += (freed ? s->cls[c].nfree : s->cls[c].nmalloc) * mld_class_size[c];
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) b += (freed ? s->cls[c].nfree : s->nmalloc[c]) * mld_class_size[c];
   return b + (freed ? s->large_bytes_free + s->huge_bytes_free : s->large_bytes_alloc + s->huge_bytes_alloc);
 }
 
@@ -138,9 +138,9 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     const class_stats_t *cs = &hs.cls[c];
     if (!strcmp(s, "size")) READ(size_t, mld_class_size[c]);
     if (!strcmp(s, "objs_per_page")) READ(size_t, ((size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT) / mld_class_size[c]);
-    if (!strcmp(s, "nmalloc") || !strcmp(s, "nrequests")) READ(uint64_t, cs->nmalloc);
+    if (!strcmp(s, "nmalloc") || !strcmp(s, "nrequests")) READ(uint64_t, hs.nmalloc[c]);
     if (!strcmp(s, "nfree")) READ(uint64_t, cs->nfree);
-    if (!strcmp(s, "curobjs")) READ(uint64_t, cs->nmalloc >= cs->nfree ? cs->nmalloc - cs->nfree : 0);
+    if (!strcmp(s, "curobjs")) READ(uint64_t, hs.nmalloc[c] >= cs->nfree ? hs.nmalloc[c] - cs->nfree : 0);
     if (!strcmp(s, "nrefills")) READ(uint64_t, cs->nrefills);
     if (!strcmp(s, "npages")) READ(uint64_t, cs->npages);
     if (!strcmp(s, "curpages")) READ(uint64_t, cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0);

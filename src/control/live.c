@@ -14,13 +14,13 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-/* The root (docs/STATS.md, version 2): a fixed header, then a table of fields, each naming what it is (id), where it
+/* The root (docs/STATS.md, version 3): a fixed header, then a table of fields, each naming what it is (id), where it
  * is (an address in the process, an offset inside a record, or a value), and its size and count. A reader finds every
  * figure through the table, never through its own struct layout: one reader reads any build of this version, and a
  * root it cannot validate is refused. The root and its table are constants (relocated once by the loader): nothing
  * is written at run time but the options text, once, at initialisation. */
 #define LIVE_MAGIC "MLDLIVE"          /* 8 bytes with its NUL */
-#define LIVE_VERSION 2u
+#define LIVE_VERSION 3u
 #define LIVE_MAX_HEAPS 65536u         /* bound of the heap-list walk: a list changing under the reader may loop */
 #define LIVE_TRIES 4                  /* heap walks retried while exiting threads move counters into dead_stats */
 #define LIVE_MAX_HEADER 4096u         /* bounds of what a reader accepts from a root (all checked before use) */
@@ -41,10 +41,11 @@ enum {
   LF_SLOT_SIZE, LF_USABLE_SLOTS, LF_HUGE_HEADER, LF_ARENA_SIZE,
   LF_HEAP_NEXT_ALL, LF_HEAP_STATS,
   LF_HS_CLS, LF_HS_LARGE_NMALLOC, LF_HS_LARGE_NFREE, LF_HS_HUGE_NMALLOC, LF_HS_HUGE_NFREE, LF_HS_REMOTE_FREES,
-  LF_CS_NMALLOC, LF_CS_NFREE, LF_CS_NREFILLS, LF_CS_NPAGES, LF_CS_NPAGES_CACHED, LF_CS_NPAGES_RELEASED,
+  LF_CS_NMALLOC /* retired in version 3 */, LF_CS_NFREE, LF_CS_NREFILLS, LF_CS_NPAGES, LF_CS_NPAGES_CACHED, LF_CS_NPAGES_RELEASED,
   LF_AR_NTHREADS, LF_AR_NTHREADS_TOTAL, LF_AR_NSEGMENTS, LF_AR_DIRTY_SLOTS, LF_AR_PURGED_SLOTS, LF_AR_NPURGE_PASSES,
   LF_AR_NMADVISE, LF_AR_PURGED_TOTAL, LF_AR_LARGE_ACTIVE, LF_AR_LOCK_OPS, LF_AR_LOCK_CONTENDED, LF_AR_LOCK_WAIT_NS,
   LF_PAGE_SIZE,
+  LF_HS_NMALLOC,                      /* version 3: a class's malloc count moved out of its record (LF_CS_NMALLOC retired) */
   LF_COUNT
 };
 
@@ -104,7 +105,8 @@ static const live_field_t live_fields[] = {
   F_M(LF_HS_LARGE_NMALLOC, heap_stats_t, large_nmalloc), F_M(LF_HS_LARGE_NFREE, heap_stats_t, large_nfree),
   F_M(LF_HS_HUGE_NMALLOC, heap_stats_t, huge_nmalloc), F_M(LF_HS_HUGE_NFREE, heap_stats_t, huge_nfree),
   F_M(LF_HS_REMOTE_FREES, heap_stats_t, remote_frees),
-  F_M(LF_CS_NMALLOC, class_stats_t, nmalloc), F_M(LF_CS_NFREE, class_stats_t, nfree),
+  { LF_HS_NMALLOC, LIVE_MEMBER, sizeof(uint64_t), MLD_NUM_CLASSES, { .value = offsetof(heap_stats_t, nmalloc) } },
+  F_M(LF_CS_NFREE, class_stats_t, nfree),
   F_M(LF_CS_NREFILLS, class_stats_t, nrefills), F_M(LF_CS_NPAGES, class_stats_t, npages),
   F_M(LF_CS_NPAGES_CACHED, class_stats_t, npages_cached), F_M(LF_CS_NPAGES_RELEASED, class_stats_t, npages_released),
   F_M(LF_AR_NTHREADS, arena_t, nthreads), F_M(LF_AR_NTHREADS_TOTAL, arena_t, nthreads_total),
@@ -114,7 +116,7 @@ static const live_field_t live_fields[] = {
   F_M(LF_AR_LARGE_ACTIVE, arena_t, large_active), F_LOCKST(LF_AR_LOCK_OPS, ops), F_LOCKST(LF_AR_LOCK_CONTENDED, contended),
   F_LOCKST(LF_AR_LOCK_WAIT_NS, wait_ns), F_G(LF_PAGE_SIZE, live_page_size),
 };
-_Static_assert(sizeof live_fields / sizeof live_fields[0] == LF_COUNT - 1, "one field for every id");
+_Static_assert(sizeof live_fields / sizeof live_fields[0] == LF_COUNT - 2, "one field for every id but the retired one");
 
 MLD_EXPORT const live_root_t mallard_live_root = {
   LIVE_MAGIC, LIVE_VERSION, sizeof(live_root_t), MALLARD_VERSION,
@@ -148,7 +150,7 @@ static const want_t live_want[LF_COUNT] = {
   [LF_HS_LARGE_NMALLOC] = { LIVE_MEMBER, T_INT, R_HS, N_ONE }, [LF_HS_LARGE_NFREE] = { LIVE_MEMBER, T_INT, R_HS, N_ONE },
   [LF_HS_HUGE_NMALLOC] = { LIVE_MEMBER, T_INT, R_HS, N_ONE }, [LF_HS_HUGE_NFREE] = { LIVE_MEMBER, T_INT, R_HS, N_ONE },
   [LF_HS_REMOTE_FREES] = { LIVE_MEMBER, T_INT, R_HS, N_ONE },
-  [LF_CS_NMALLOC] = { LIVE_MEMBER, T_INT, R_CS, N_ONE }, [LF_CS_NFREE] = { LIVE_MEMBER, T_INT, R_CS, N_ONE },
+  [LF_CS_NFREE] = { LIVE_MEMBER, T_INT, R_CS, N_ONE },
   [LF_CS_NREFILLS] = { LIVE_MEMBER, T_INT, R_CS, N_ONE }, [LF_CS_NPAGES] = { LIVE_MEMBER, T_INT, R_CS, N_ONE },
   [LF_CS_NPAGES_CACHED] = { LIVE_MEMBER, T_INT, R_CS, N_ONE },
   [LF_CS_NPAGES_RELEASED] = { LIVE_MEMBER, T_INT, R_CS, N_ONE },
@@ -160,6 +162,7 @@ static const want_t live_want[LF_COUNT] = {
   [LF_AR_LARGE_ACTIVE] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE }, [LF_AR_LOCK_OPS] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE },
   [LF_AR_LOCK_CONTENDED] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE },
   [LF_AR_LOCK_WAIT_NS] = { LIVE_MEMBER, T_INT, R_ARENA, N_ONE }, [LF_PAGE_SIZE] = { LIVE_GLOBAL, T_INT, R_NONE, N_ONE },
+  [LF_HS_NMALLOC] = { LIVE_MEMBER, T_INT, R_HS, N_CLASSES },
 };
 
 /* The reader's state: one reader at a time (live_lock), every buffer static and bounded, nothing allocated. */
@@ -244,6 +247,7 @@ static int check_fields(pid_t pid, const live_root_t *r) {
   for (unsigned id = 1; id < LF_COUNT; id++) {
     const want_t *w = &live_want[id];
     const live_field_t *f = &F[id];
+    if (!w->kind) continue;   /* a retired id: not read, not asked for */
     if (!f->id) return refuse(EPROTO, "field %u is missing", id);
     if (f->kind != w->kind) return refuse(EPROTO, "field %u is of kind %u, not %u", id, f->kind, w->kind);
     bool size_ok = w->type == T_INT || w->type == T_SINT ? f->size == 1 || f->size == 2 || f->size == 4 || f->size == 8
@@ -304,13 +308,14 @@ static void hs_extract(const unsigned char *rec, heap_stats_t *out) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     const unsigned char *cr = rec + F[LF_HS_CLS].where.value + (size_t)c * F[LF_HS_CLS].size;
     class_stats_t *cs = &out->cls[c];
-    cs->nmalloc = member(cr, LF_CS_NMALLOC);
     cs->nfree = member(cr, LF_CS_NFREE);
     cs->nrefills = member(cr, LF_CS_NREFILLS);
     cs->npages = member(cr, LF_CS_NPAGES);
     cs->npages_cached = member(cr, LF_CS_NPAGES_CACHED);
     cs->npages_released = member(cr, LF_CS_NPAGES_RELEASED);
   }
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
+    out->nmalloc[c] = get_u(rec + F[LF_HS_NMALLOC].where.value + (size_t)c * F[LF_HS_NMALLOC].size, F[LF_HS_NMALLOC].size);
   out->large_nmalloc = member(rec, LF_HS_LARGE_NMALLOC);
   out->large_nfree = member(rec, LF_HS_LARGE_NFREE);
   out->huge_nmalloc = member(rec, LF_HS_HUGE_NMALLOC);

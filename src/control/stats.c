@@ -33,7 +33,7 @@ static uint64_t sub0(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }   /*
 void mld_global_compute(global_stats_t *g, const heap_stats_t *hs, const arena_snapshot_t *arenas, unsigned narenas,
                         const stats_atomics_t *at) {
   memset(g, 0, sizeof *g);
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) g->allocated += sub0(hs->cls[c].nmalloc, hs->cls[c].nfree) * mld_class_size[c];
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) g->allocated += sub0(hs->nmalloc[c], hs->cls[c].nfree) * mld_class_size[c];
   uint64_t nseg = 0, dirty = 0, purged = 0, large = 0;
   for (unsigned i = 0; i < narenas; i++) {
     nseg += arenas[i].nsegments;
@@ -195,14 +195,14 @@ static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
   bool first = true;
   for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
     const class_stats_t *cs = &hs->cls[c];
-    if (!cs->nmalloc && !cs->npages) continue;
+    if (!hs->nmalloc[c] && !cs->npages) continue;
     size_t page_bytes = (size_t)s->page_slots[c] << MLD_SLOT_SHIFT;
     outf(o, "%s\n{\"class\":%u,\"size\":%u,\"page_bytes\":%zu,\"objs_per_page\":%zu,\"nmalloc\":%llu,\"nfree\":%llu,"
             "\"nrequests\":%llu,\"curobjs\":%llu,\"nrefills\":%llu,\"npages\":%llu,\"npages_cached\":%llu,"
             "\"npages_released\":%llu,\"curpages\":%llu}",
          first ? "" : ",", c, mld_class_size[c], page_bytes, page_bytes / mld_class_size[c],
-         (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree, (unsigned long long)cs->nmalloc,
-         (unsigned long long)sub0(cs->nmalloc, cs->nfree),
+         (unsigned long long)hs->nmalloc[c], (unsigned long long)cs->nfree, (unsigned long long)hs->nmalloc[c],
+         (unsigned long long)sub0(hs->nmalloc[c], cs->nfree),
          (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_cached,
          (unsigned long long)cs->npages_released, (unsigned long long)sub0(cs->npages, cs->npages_released));
     first = false;
@@ -241,11 +241,11 @@ static void print_text(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
   if (classes) outf(o, "class size_B page_KiB objs/page     nmalloc       nfree     curobjs   refills  pages cur_pages\n");
   for (unsigned c = 0; classes && c < MLD_NUM_CLASSES; c++) {
     const class_stats_t *cs = &hs->cls[c];
-    if (!cs->nmalloc && !cs->npages) continue;
+    if (!hs->nmalloc[c] && !cs->npages) continue;
     size_t page_bytes = (size_t)s->page_slots[c] << MLD_SLOT_SHIFT;
     outf(o, "%5u %6u %8zu %9zu %11llu %11llu %11llu %9llu %6llu %9llu\n", c, mld_class_size[c], page_bytes / 1024,
-         page_bytes / mld_class_size[c], (unsigned long long)cs->nmalloc, (unsigned long long)cs->nfree,
-         (unsigned long long)sub0(cs->nmalloc, cs->nfree), (unsigned long long)cs->nrefills,
+         page_bytes / mld_class_size[c], (unsigned long long)hs->nmalloc[c], (unsigned long long)cs->nfree,
+         (unsigned long long)sub0(hs->nmalloc[c], cs->nfree), (unsigned long long)cs->nrefills,
          (unsigned long long)cs->npages, (unsigned long long)sub0(cs->npages, cs->npages_released));
   }
 }

@@ -188,7 +188,6 @@ static inline uint32_t mld_used_release_dec(page_t *pg) { return mld_dec_release
 
 /* ---- statistics (per heap, summed when read) --------------------------------------------------------- */
 typedef struct class_stats_s {
-  uint64_t nmalloc;                      /* blocks handed out by this heap */
   uint64_t nfree;                        /* blocks freed by this thread (local or remote) */
   uint64_t nrefills;                     /* slow-path refills of the allocation list */
   uint64_t npages;                       /* pages taken for this class (from the arena or the page cache) */
@@ -198,6 +197,9 @@ typedef struct class_stats_s {
 
 typedef struct heap_stats_s {
   class_stats_t cls[MLD_NUM_CLASSES];
+  /* Blocks of each class handed out by this heap: an array of its own, so that the malloc fast path counts with one
+   * add indexed by the class it already holds (a class record's stride is no scale an address can take). */
+  uint64_t nmalloc[MLD_NUM_CLASSES];
   uint64_t large_nmalloc, large_nfree, large_bytes_alloc, large_bytes_free;
   uint64_t huge_nmalloc, huge_nfree, huge_bytes_alloc, huge_bytes_free;
   uint64_t remote_frees;                 /* frees pushed to another heap's page */
@@ -287,11 +289,6 @@ typedef struct heap_s {
 static inline void mld_page_set_owner(page_t *pg, heap_t *h) {
   pg->nfree_count = &h->stats.cls[pg->size_class].nfree;
   atomic_store_explicit(&pg->heap, h, memory_order_release);
-}
-/* The owner's nmalloc counter of pg's class, beside the nfree that nfree_count names: a malloc from the current page
- * counts through the line it already reads (pg->free's) rather than indexing the heap's statistics by class. */
-static inline uint64_t *mld_page_nmalloc_count(const page_t *pg) {
-  return (uint64_t *)((uint8_t *)pg->nfree_count - offsetof(class_stats_t, nfree) + offsetof(class_stats_t, nmalloc));
 }
 
 /* ---- arena ------------------------------------------------------------------------------------------- */

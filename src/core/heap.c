@@ -693,7 +693,7 @@ void *mld_malloc_slow(heap_t *h, unsigned c) {
   block_t *b = heap_refill_pop(h, c);
   mld_spin_unlock(&h->lock);
   if (unlikely(!b)) { errno = ENOMEM; return NULL; }
-  h->stats.cls[c].nmalloc++;
+  h->stats.nmalloc[c]++;
   h->stats.cls[c].nrefills++;
   return b;
 }
@@ -711,7 +711,7 @@ void *mld_exit_alloc(unsigned c) {
   mld_spin_lock(&mld_exit_heap.lock);
   if (!mld_exit_heap.arena) mld_exit_heap.arena = mld_arena_get(0);
   block_t *b = mld_exit_heap.arena ? heap_refill_pop(&mld_exit_heap, c) : NULL;
-  if (b) __atomic_fetch_add(&mld_orphan_stats.cls[c].nmalloc, 1, __ATOMIC_RELAXED);   /* the report sums these */
+  if (b) __atomic_fetch_add(&mld_orphan_stats.nmalloc[c], 1, __ATOMIC_RELAXED);   /* the report sums these */
   mld_spin_unlock(&mld_exit_heap.lock);
   if (!b) errno = ENOMEM;
   return b;

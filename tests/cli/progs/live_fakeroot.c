@@ -44,7 +44,7 @@ int main(int argc, char **argv)
     memcpy(root, real, hsize);
     memcpy(table, real_table, n * sizeof *table);
     const char *m = argv[1];
-    /* ids (docs/STATS.md): 6 arenas, 13 options text, 14 class sizes, 34 a class's nmalloc, 21 page_cache */
+    /* ids (docs/STATS.md): 6 arenas, 13 options text, 14 class sizes, 35 a class's nfree, 21 page_cache */
     if (!strcmp(m, "shuffled")) {
         for (uint32_t i = 0; i < n / 2; i++) {
             entry_t t = table[i];
@@ -52,7 +52,7 @@ int main(int argc, char **argv)
             table[n - 1 - i] = t;
         }
         table[n++] = (entry_t){ 9999, 1, 8, 1, 0x10 };   /* unknown to the reader: skipped, even if unreadable */
-    } else if (!strcmp(m, "offset")) find(n, 34)->where = 1u << 20;
+    } else if (!strcmp(m, "offset")) find(n, 35)->where = 1u << 20;
     else if (!strcmp(m, "classes")) {
         entry_t *e = find(n, 14);
         if (e->size != 4 || e->count > 1024) return 1;

@@ -60,11 +60,11 @@ __attribute__((constructor)) static void hostile_init(void)
     uint64_t t = (uint64_t)(uintptr_t)table;
     if (!mode || !strcmp(mode, "garbage")) return;
     if (!strcmp(mode, "version")) header(1, 48, 4, 24, t);
-    else if (!strcmp(mode, "nfields")) header(2, 48, 0xffffffffu, 24, t);
-    else if (!strcmp(mode, "fieldsize")) header(2, 48, 4, 1u << 30, t);
-    else if (!strcmp(mode, "pointer")) header(2, 48, 4, 24, 0x10);
-    else if (!strcmp(mode, "header")) header(2, 0x7fffffffu, 4, 24, t);
-    else if (!strcmp(mode, "missing")) header(2, 48, 4, 24, t);
+    else if (!strcmp(mode, "nfields")) header(3, 48, 0xffffffffu, 24, t);
+    else if (!strcmp(mode, "fieldsize")) header(3, 48, 4, 1u << 30, t);
+    else if (!strcmp(mode, "pointer")) header(3, 48, 4, 24, 0x10);
+    else if (!strcmp(mode, "header")) header(3, 0x7fffffffu, 4, 24, t);
+    else if (!strcmp(mode, "missing")) header(3, 48, 4, 24, t);
 }
 
 /* What the old reader called after loading this file: a fake report, "successfully". */
