@@ -39,18 +39,16 @@ static inline void *alloc_class_try(heap_t *h, unsigned c) {
   page_t *pg = h->current[c];
   block_t *b = pg->free;
   if (likely(b != NULL)) {
-    block_t *next = blk_next(pg, b);
-    pg->free = next;
-    /* The next malloc of the class reads that block's link: a miss there was most of mstress's time in malloc
-     * (docs/PERFORMANCE.md, issue 39's twenty-second pass). Prefetching the list's end (NULL) is harmless. */
-    __builtin_prefetch(next);
+    pg->free = blk_next(pg, b);
     pg->used++;
 #ifdef MALLARD_SECURE
     secure_on_alloc(pg, b);
 #endif
-#ifdef MALLARD_STATS
+#if defined(MALLARD_STATS) && defined(MALLARD_SECURE)
+    (*pg->nmalloc_count)++;   /* h->stats.nmalloc[c]: pg is h's page of class c */
+#elif defined(MALLARD_STATS)
     /* Through h "changed" (same register, no code): gcc otherwise shares h + 8c between current[c] and this with an
-     * extra lea, one instruction more than an indexed add. */
+     * extra lea, one instruction more than the indexed add. */
     mld_keep_in_register(h);
     h->stats.nmalloc[c]++;
 #endif

@@ -114,6 +114,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap` (mld_page_set_owner):
                                           * an owner free counts without loading size_class (one dependent load less
                                           * on the fast path) */
+  uint64_t *nmalloc_count;               /* &heap->stats.nmalloc[size_class], set with it: the secure variant's malloc
+                                          * counts through it (fewer registers live than the fast variant's indexed add) */
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
@@ -288,6 +290,7 @@ typedef struct heap_s {
  * through it), and `heap` last, with release: whoever reads it names h sees the page made ready. */
 static inline void mld_page_set_owner(page_t *pg, heap_t *h) {
   pg->nfree_count = &h->stats.cls[pg->size_class].nfree;
+  pg->nmalloc_count = &h->stats.nmalloc[pg->size_class];
   atomic_store_explicit(&pg->heap, h, memory_order_release);
 }
 
