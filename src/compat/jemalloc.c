@@ -88,7 +88,7 @@ static int stats_all(const char *s, void *oldp, size_t *oldlenp) {
   mld_stats_sum(&hs);
   uint64_t small = 0;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++)
-    small += (hs.nmalloc[c] >= hs.cls[c].nfree ? hs.nmalloc[c] - hs.cls[c].nfree : 0) * mld_class_size[c];
+    small += mld_class_curobjs(&hs, c) * mld_class_size[c];
   if (!strcmp(s, "small.allocated")) READ(size_t, (size_t)small);
   /* large: jemalloc's name for everything above the small classes (Mallard's large and huge blocks). */
   if (!strcmp(s, "large.allocated")) READ(size_t, (size_t)(g.allocated > small ? g.allocated - small : 0));
@@ -96,7 +96,7 @@ static int stats_all(const char *s, void *oldp, size_t *oldlenp) {
   if (!strncmp(s, "bins.", 5) && (s += 5, take_index(&s, &c)) && *s == '.' && c < MLD_NUM_CLASSES) {
     const class_stats_t *cs = &hs.cls[c];
     s++;
-    if (!strcmp(s, "curregs")) READ(size_t, (size_t)(hs.nmalloc[c] >= cs->nfree ? hs.nmalloc[c] - cs->nfree : 0));
+    if (!strcmp(s, "curregs")) READ(size_t, (size_t)mld_class_curobjs(&hs, c));
     if (!strcmp(s, "curslabs"))
       READ(size_t, (size_t)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
     if (!strcmp(s, "nmalloc")) READ(uint64_t, hs.nmalloc[c]);

@@ -140,7 +140,7 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     if (!strcmp(s, "objs_per_page")) READ(size_t, ((size_t)mld_opt.page_slots[c] << MLD_SLOT_SHIFT) / mld_class_size[c]);
     if (!strcmp(s, "nmalloc") || !strcmp(s, "nrequests")) READ(uint64_t, hs.nmalloc[c]);
     if (!strcmp(s, "nfree")) READ(uint64_t, cs->nfree);
-    if (!strcmp(s, "curobjs")) READ(uint64_t, hs.nmalloc[c] >= cs->nfree ? hs.nmalloc[c] - cs->nfree : 0);
+    if (!strcmp(s, "curobjs")) READ(uint64_t, mld_class_curobjs(&hs, c));
     if (!strcmp(s, "nrefills")) READ(uint64_t, cs->nrefills);
     if (!strcmp(s, "npages")) READ(uint64_t, cs->npages);
     if (!strcmp(s, "curpages")) READ(uint64_t, cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0);

@@ -33,7 +33,7 @@ static uint64_t sub0(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }   /*
 void mld_global_compute(global_stats_t *g, const heap_stats_t *hs, const arena_snapshot_t *arenas, unsigned narenas,
                         const stats_atomics_t *at) {
   memset(g, 0, sizeof *g);
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) g->allocated += sub0(hs->nmalloc[c], hs->cls[c].nfree) * mld_class_size[c];
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) g->allocated += mld_class_curobjs(hs, c) * mld_class_size[c];
   uint64_t nseg = 0, dirty = 0, purged = 0, large = 0;
   for (unsigned i = 0; i < narenas; i++) {
     nseg += arenas[i].nsegments;
@@ -202,7 +202,7 @@ static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
             "\"npages_released\":%llu,\"curpages\":%llu}",
          first ? "" : ",", c, mld_class_size[c], page_bytes, page_bytes / mld_class_size[c],
          (unsigned long long)hs->nmalloc[c], (unsigned long long)cs->nfree, (unsigned long long)hs->nmalloc[c],
-         (unsigned long long)sub0(hs->nmalloc[c], cs->nfree),
+         (unsigned long long)mld_class_curobjs(hs, c),
          (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_cached,
          (unsigned long long)cs->npages_released, (unsigned long long)sub0(cs->npages, cs->npages_released));
     first = false;
@@ -245,7 +245,7 @@ static void print_text(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
     size_t page_bytes = (size_t)s->page_slots[c] << MLD_SLOT_SHIFT;
     outf(o, "%5u %6u %8zu %9zu %11llu %11llu %11llu %9llu %6llu %9llu\n", c, mld_class_size[c], page_bytes / 1024,
          page_bytes / mld_class_size[c], (unsigned long long)hs->nmalloc[c], (unsigned long long)cs->nfree,
-         (unsigned long long)sub0(hs->nmalloc[c], cs->nfree), (unsigned long long)cs->nrefills,
+         (unsigned long long)mld_class_curobjs(hs, c), (unsigned long long)cs->nrefills,
          (unsigned long long)cs->npages, (unsigned long long)sub0(cs->npages, cs->npages_released));
   }
 }

@@ -114,8 +114,10 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap` (mld_page_set_owner):
                                           * an owner free counts without loading size_class (one dependent load less
                                           * on the fast path) */
+#ifdef MALLARD_SECURE
   uint64_t *nmalloc_count;               /* &heap->stats.nmalloc[size_class], set with it: the secure variant's malloc
                                           * counts through it (fewer registers live than the fast variant's indexed add) */
+#endif
 } page_t;
 
 enum { SEG_NORMAL = 1, SEG_HUGE = 2 };
@@ -211,6 +213,10 @@ typedef struct heap_stats_s {
   uint64_t pages_parked;                 /* pages its refills found with nothing free and parked (heap.c park) */
   uint64_t frees_parked;                 /* its frees into its own parked pages: the locked path (heap.c mld_free_parked) */
 } heap_stats_t;
+/* Live blocks of class c: malloc count less free count, 0 while a summing reader saw a free before its malloc. */
+static inline uint64_t mld_class_curobjs(const heap_stats_t *hs, unsigned c) {
+  return hs->nmalloc[c] >= hs->cls[c].nfree ? hs->nmalloc[c] - hs->cls[c].nfree : 0;
+}
 
 /* ---- thread heap ------------------------------------------------------------------------------------- */
 typedef struct page_list_s { page_t *head, *tail; } page_list_t;
@@ -290,7 +296,9 @@ typedef struct heap_s {
  * through it), and `heap` last, with release: whoever reads it names h sees the page made ready. */
 static inline void mld_page_set_owner(page_t *pg, heap_t *h) {
   pg->nfree_count = &h->stats.cls[pg->size_class].nfree;
+#ifdef MALLARD_SECURE
   pg->nmalloc_count = &h->stats.nmalloc[pg->size_class];
+#endif
   atomic_store_explicit(&pg->heap, h, memory_order_release);
 }
 
