@@ -97,8 +97,7 @@ static int stats_all(const char *s, void *oldp, size_t *oldlenp) {
     const class_stats_t *cs = &hs.cls[c];
     s++;
     if (!strcmp(s, "curregs")) READ(size_t, (size_t)mld_class_curobjs(&hs, c));
-    if (!strcmp(s, "curslabs"))
-      READ(size_t, (size_t)(cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0));
+    if (!strcmp(s, "curslabs")) READ(size_t, (size_t)mld_class_curpages(cs));
     if (!strcmp(s, "nmalloc")) READ(uint64_t, hs.nmalloc[c]);
     if (!strcmp(s, "ndalloc")) READ(uint64_t, cs->nfree);
     if (!strcmp(s, "nrequests")) READ(uint64_t, hs.nmalloc[c]);

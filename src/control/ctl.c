@@ -143,7 +143,7 @@ static int ctl_stats(const char *n, void *oldp, size_t *oldlenp, void *newp, siz
     if (!strcmp(s, "curobjs")) READ(uint64_t, mld_class_curobjs(&hs, c));
     if (!strcmp(s, "nrefills")) READ(uint64_t, cs->nrefills);
     if (!strcmp(s, "npages")) READ(uint64_t, cs->npages);
-    if (!strcmp(s, "curpages")) READ(uint64_t, cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0);
+    if (!strcmp(s, "curpages")) READ(uint64_t, mld_class_curpages(cs));
     return ENOENT;
   }
   /* The decay in force: dirty_decay_ms, or longer while purged memory is faulted in again (arena.c). */

@@ -204,7 +204,7 @@ static void print_json(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
          (unsigned long long)hs->nmalloc[c], (unsigned long long)cs->nfree, (unsigned long long)hs->nmalloc[c],
          (unsigned long long)mld_class_curobjs(hs, c),
          (unsigned long long)cs->nrefills, (unsigned long long)cs->npages, (unsigned long long)cs->npages_cached,
-         (unsigned long long)cs->npages_released, (unsigned long long)sub0(cs->npages, cs->npages_released));
+         (unsigned long long)cs->npages_released, (unsigned long long)mld_class_curpages(cs));
     first = false;
   }
   outf(o, "]}}\n");
@@ -246,7 +246,7 @@ static void print_text(out_t *o, const stats_snapshot_t *s, bool arenas, bool cl
     outf(o, "%5u %6u %8zu %9zu %11llu %11llu %11llu %9llu %6llu %9llu\n", c, mld_class_size[c], page_bytes / 1024,
          page_bytes / mld_class_size[c], (unsigned long long)hs->nmalloc[c], (unsigned long long)cs->nfree,
          (unsigned long long)mld_class_curobjs(hs, c), (unsigned long long)cs->nrefills,
-         (unsigned long long)cs->npages, (unsigned long long)sub0(cs->npages, cs->npages_released));
+         (unsigned long long)cs->npages, (unsigned long long)mld_class_curpages(cs));
   }
 }
 

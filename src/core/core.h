@@ -217,6 +217,10 @@ typedef struct heap_stats_s {
 static inline uint64_t mld_class_curobjs(const heap_stats_t *hs, unsigned c) {
   return hs->nmalloc[c] >= hs->cls[c].nfree ? hs->nmalloc[c] - hs->cls[c].nfree : 0;
 }
+/* Pages a class holds: pages made less pages released, 0 while a summing reader saw a release before its page. */
+static inline uint64_t mld_class_curpages(const class_stats_t *cs) {
+  return cs->npages >= cs->npages_released ? cs->npages - cs->npages_released : 0;
+}
 
 /* ---- thread heap ------------------------------------------------------------------------------------- */
 typedef struct page_list_s { page_t *head, *tail; } page_list_t;
