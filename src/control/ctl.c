@@ -31,6 +31,7 @@ static const struct { const char *name; size_t off; } heap_counters[] = {
   { "remote_frees", offsetof(heap_stats_t, remote_frees) },            /* frees into another thread's page */
   { "pages_handed_over", offsetof(heap_stats_t, pages_handed_over) },  /* idle threads' parked pages given away */
   { "pages_claimed", offsetof(heap_stats_t, pages_claimed) },          /* others' pages, every block freed remotely */
+  { "pages_emptied", offsetof(heap_stats_t, pages_emptied) },          /* parked pages given back by their last remote free */
   { "pages_taken_idle", offsetof(heap_stats_t, pages_taken_idle) },    /* idle threads' pages, blocks still theirs */
   { "pages_parked", offsetof(heap_stats_t, pages_parked) },            /* pages parked by their owners' refills */
   { "frees_parked", offsetof(heap_stats_t, frees_parked) },            /* owners' locked frees into parked pages */

@@ -209,6 +209,7 @@ typedef struct heap_stats_s {
   uint64_t remote_frees;                 /* frees pushed to another heap's page */
   uint64_t pages_handed_over;            /* parked pages of an idle owner given to other heaps (heap.c hand_over) */
   uint64_t pages_claimed;                /* other heaps' pages, every block freed remotely, taken as new pages (heap.c) */
+  uint64_t pages_emptied;                /* parked pages given back to their arena by the remote free that emptied them (heap.c) */
   uint64_t pages_taken_idle;             /* pages of an idle live owner, still holding its blocks, parked from outside and handed over (heap.c) */
   uint64_t pages_parked;                 /* pages its refills found with nothing free and parked (heap.c park) */
   uint64_t frees_parked;                 /* its frees into its own parked pages: the locked path (heap.c mld_free_parked) */
@@ -491,6 +492,7 @@ MLD_HIDDEN void mld_purge_new_heap(void);                          /* heap.c: a 
 MLD_HIDDEN void mld_outbox_add(heap_t *h, page_t *pg, block_t *b);
 MLD_HIDDEN void mld_outbox_flush(heap_t *h);
 MLD_HIDDEN void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n);   /* fast variant */
+MLD_HIDDEN bool mld_heap_give_emptied(heap_t *o, page_t *pg, uint32_t n);   /* fast variant; heap.c */
 MLD_HIDDEN void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b);             /* secure variant */
 MLD_HIDDEN void mld_sweep_want(void);                              /* a send went to a page only a sweep visits */
 MLD_HIDDEN uint64_t mld_sweep_due(void);                           /* when a requested sweep falls due (0: none) */

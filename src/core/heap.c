@@ -786,6 +786,38 @@ void mld_free_parked(void *p) {
   mld_spin_unlock(&h->lock);
 }
 
+#ifndef MALLARD_SECURE
+/* A thread about to send the batch of n blocks that would bring back the last handed-out blocks of pg, a parked page of
+ * o: the page, with every block of it free, goes back to its arena at once, the batch with it (never published). An
+ * owner blocked or busy elsewhere would otherwise keep it until its next walk of its pages (MLD_RECLAIM_MS), a sweep or
+ * a claim, while its class's other pages fill (xmalloc-test: producers blocked on a full queue held a third of the
+ * peak RSS in pages their consumers had emptied; docs/PERFORMANCE.md, issue 39). Under o's lock (tried only: false,
+ * and the batch is sent as usual, when it is held or anything below has changed): `heap` naming o, the page is o's
+ * and stays so, and parked (in_full is written under the lock), so o's fast paths do not touch it; claim_from's proof
+ * then holds with the batch counted: the published count read before `used` (acquire) plus n equal to it proves that
+ * every block handed out is published or in the batch, so o holds none and no other thread can free into it. The page
+ * cannot have been released before the lock: the batch's blocks keep it in use. To the arena, not to o's page cache:
+ * any thread may take it from there, and it decays (in o's cache a blocked o would keep it, and the thread that
+ * emptied it could not reuse it: test_claim `outbox`). Heaps bound to an arena (arenas.create) keep their pages, as
+ * claims leave them. */
+bool mld_heap_give_emptied(heap_t *o, page_t *pg, uint32_t n) {
+  if (o->bound || !mld_spin_trylock(&o->lock)) return false;
+  if (atomic_load_explicit(&pg->heap, memory_order_relaxed) != o || !pg->in_full ||
+      mld_page_remote_published(pg) + n != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE)) {
+    mld_spin_unlock(&o->lock);
+    return false;
+  }
+  list_remove(&o->full[pg->size_class], pg);
+  mld_page_collect_remote(pg);   /* thread_free emptied; the batch's blocks are dropped with the page */
+  page_leave_shared(pg);
+  mld_spin_unlock(&o->lock);
+  MLD_RACE_WINDOW();   /* out of o's lists, `heap` NULL: the page is this thread's alone until its span is freed */
+  __atomic_fetch_add(&mld_orphan_stats.pages_emptied, 1, __ATOMIC_RELAXED);
+  mld_arena_free_span(segment_of(pg)->arena, pg);
+  return true;
+}
+#endif
+
 /* free() of a block of a small page that is not the calling thread's (a remote free). */
 void mld_free_remote(page_t *pg, void *p) {
   heap_t *h = mld_tls_heap;

@@ -56,6 +56,15 @@ static inline void remote_notify(remote_notice_t n) {
  * reaper) may collect it, release the page and reuse its memory, so nothing of the page is touched after. */
 void mld_remote_push(page_t *pg, block_t *head, block_t *tail, uint32_t n) {
   remote_notice_t notice = remote_notice(pg);
+  /* The batch that brings back the last blocks of a parked page: the page goes back to its arena now (heap.c
+   * mld_heap_give_emptied), not when its owner next walks its pages or a sweep or claim finds it. The hint, checked
+   * exactly under the owner's lock: the waiting frees and this batch make up every block the page holds (a page is
+   * parked when all its blocks are out). `reserved` is not written while the page is in use, which this batch's
+   * blocks make it; `used`, written by the owner without a lock, is only read under that lock. */
+  if (notice.parked && notice.owner &&
+      (atomic_load_explicit(&pg->thread_free, memory_order_relaxed) >> MLD_BATCH_COUNT_SHIFT) + n == pg->reserved &&
+      mld_heap_give_emptied(notice.owner, pg, n))
+    return;
   ((block_t **)head)[1] = tail;
   /* The list's length rides in the word's top bits: at most the blocks handed out of the page, < 2^16 (page.c). */
   uintptr_t add = (uintptr_t)n << MLD_BATCH_COUNT_SHIFT;

@@ -1,15 +1,19 @@
-/* test_claim.c — a thread that needs a new page takes another thread's page whose every block has been freed by
- * other threads (heap.c claim_parked): `take` checks that it happens while that page's owner is blocked, and that the
- * claimed blocks are sound; `current` that an owner's current page is never claimed, `orphan` that an orphan's is;
- * `outbox` that a refill sends the thread's own last frees into such a page before it looks for one; `race` has owners
- * freeing their own blocks of parked pages (the locked path) while other threads free the rest remotely and claim
- * those pages as they empty, every block carrying a pattern checked before it is freed. `race` is built for
- * ThreadSanitizer and the race-delay build too. */
+/* test_claim.c — a page whose every block has been freed by other threads leaves its owner: a parked one at the send
+ * that brings back its last blocks (heap.c mld_heap_give_emptied, stats.pages_emptied), any other (not current) when
+ * a thread that needs a new page claims it (heap.c claim_parked). `emptied` checks that exactly the parked pages of a
+ * blocked owner go back to the arena as the last frees are sent, before anyone allocates; `take` that a thread that
+ * needs pages then gets them, with sound blocks; `current` that an owner's current page is never taken, `orphan` that
+ * an orphan's is claimed; `outbox` that a refill sends the thread's own last frees into such a page before it looks
+ * for one; `race` has owners freeing their own blocks of parked pages (the locked path) while other threads free the
+ * rest remotely and take those pages as they empty, every block carrying a pattern checked before it is freed.
+ * `race` is built for ThreadSanitizer and the race-delay build too. */
 #include "mtest.h"
 #include <pthread.h>
 #include <sched.h>
 
 static uint64_t claimed(void) { return mt_ctl_u64("stats.pages_claimed"); }
+static uint64_t emptied(void) { return mt_ctl_u64("stats.pages_emptied"); }
+static uint64_t taken(void) { return claimed() + emptied(); }   /* either way the page left its owner */
 
 static bool in_pages(void *const *blocks, size_t n, const void *p) {   /* small pages are one 64 KiB slot */
   for (size_t i = 0; i < n; i++)
@@ -44,7 +48,7 @@ static int run_take(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, take_owner, NULL) == 0, "pthread_create");
   mt_stage_wait(&tstage, 1);
-  uint64_t before = claimed();
+  uint64_t before = taken();
   for (size_t i = 0; i < TBLOCKS; i++) {   /* every block comes back, as remote frees */
     size_t bad = mt_verify(tblk[i], TSIZE, i);
     CHECK(bad == TSIZE, "block %zu damaged at %zu", i, bad);
@@ -56,8 +60,8 @@ static int run_take(void) {
   size_t inside = 0;
   alloc_filled(mine, MINE, TSIZE, 1000000);
   for (size_t i = 0; i < MINE; i++) inside += in_pages(tblk, TBLOCKS, mine[i]);
-  uint64_t got = claimed() - before;
-  CHECK(got > 0, "no page of the blocked owner was claimed");
+  uint64_t got = taken() - before;
+  CHECK(got > 0, "no page of the blocked owner was given back or claimed");
   CHECK(inside > 0, "none of %d new blocks came from the owner's emptied pages", MINE);
   for (size_t i = 0; i < MINE; i++) {   /* a block handed out twice would carry another's pattern */
     size_t bad = mt_verify(mine[i], TSIZE, 1000000 + i);
@@ -66,8 +70,41 @@ static int run_take(void) {
   mt_stage_set(&tstage, 2);
   pthread_join(t, NULL);   /* the owner's heap becomes an orphan: our blocks in its old pages are ours */
   for (size_t i = 0; i < MINE; i++) M_free(mt_hide(mine[i]));
-  printf("take: %llu pages claimed, %zu of %d new blocks in them\n", (unsigned long long)got, inside, MINE);
+  printf("take: %llu pages given back or claimed, %zu of %d new blocks in them\n", (unsigned long long)got, inside, MINE);
   return mt_result("claim take");
+}
+
+/* ---- emptied ----
+ * The owner fills 16 pages of 64-byte blocks (15 parked, the last its current page) and blocks; this thread frees every
+ * block. Each parked page goes back to the arena as the batch with its last blocks is sent, before any thread
+ * allocates: 15 pages given back, none claimed, the current page kept, and the bytes in pages in use down by 15 pages.
+ * Run with background_thread:false: no sweep gives the pages back first. */
+static int run_emptied(void) {
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, take_owner, NULL) == 0, "pthread_create");
+  mt_stage_wait(&tstage, 1);
+  enum { PAGES = TBLOCKS / 1024, PARKED = PAGES - 1 };
+  REQUIRE(((uintptr_t)tblk[0] >> 16) != ((uintptr_t)tblk[TBLOCKS - 1] >> 16), "the owner's blocks are in one page");
+  uint64_t e0 = emptied(), c0 = claimed();
+  size_t active0 = mt_ctl_size("stats.active");
+  for (size_t i = 0; i < TBLOCKS; i++) {
+    size_t bad = mt_verify(tblk[i], TSIZE, i);
+    CHECK(bad == TSIZE, "block %zu damaged at %zu", i, bad);
+    M_free(mt_hide(tblk[i]));
+  }
+  mt_flush_outbox();
+  uint64_t got = emptied() - e0;
+  size_t active1 = mt_ctl_size("stats.active");
+  printf("emptied: %llu pages given back, %llu claimed, active %zu -> %zu KiB\n", (unsigned long long)got,
+         (unsigned long long)(claimed() - c0), active0 >> 10, active1 >> 10);
+  CHECK(got == PARKED, "%llu pages given back by their last remote free, not the owner's %d parked ones",
+        (unsigned long long)got, PARKED);
+  CHECK(claimed() == c0, "a page was claimed, though no thread allocated");
+  CHECK(active1 + (size_t)PARKED * 65536 <= active0, "stats.active fell by %zd bytes, not by %d pages",
+        (ssize_t)(active0 - active1), PARKED);
+  mt_stage_set(&tstage, 2);
+  pthread_join(t, NULL);
+  return mt_result("claim emptied");
 }
 
 /* ---- current ---- */
@@ -101,7 +138,7 @@ static int run_current(void) {
   REQUIRE(pthread_create(&t, NULL, current_owner, NULL) == 0, "pthread_create");
   mt_stage_wait(&tstage, 1);
   REQUIRE(((uintptr_t)cblk[0] >> 16) != ((uintptr_t)cblk[CBLOCKS - 1] >> 16), "the owner's blocks are in one page");
-  uint64_t before = claimed();
+  uint64_t before = taken();
   for (size_t i = 0; i < CBLOCKS; i++) {
     size_t bad = mt_verify(cblk[i], CSIZE, i);
     CHECK(bad == CSIZE, "block %zu damaged at %zu", i, bad);
@@ -114,7 +151,8 @@ static int run_current(void) {
     REQUIRE(tblk[i], "malloc");
     in_current += in_pages(cblk + CBLOCKS - 1, 1, tblk[i]);
   }
-  CHECK(claimed() > before, "the owner's parked page was not claimed (the case tests nothing)");
+  CHECK(taken() == before + 1, "%llu pages left the owner, not its one parked page (the case tests nothing)",
+        (unsigned long long)(taken() - before));
   CHECK(in_current == 0, "the owner's current page was claimed: %zu of our blocks are in it", in_current);
   mt_stage_set(&tstage, 2);
   pthread_join(t, NULL);
@@ -192,11 +230,11 @@ static void *outbox_owner(void *arg) {
 /* In a thread of its own: its heap has no page of the class yet (the C library may have made one in the main thread). */
 static void *outbox_freer(void *arg) {
   (void)arg;
-  uint64_t before = claimed();
+  uint64_t before = taken();
   for (size_t i = 0; i < OPAGE; i++) M_free(mt_hide(oblk[i]));
   void *p = M_malloc(OSIZE);   /* this thread's first page of the class */
   REQUIRE(p, "malloc");
-  CHECK(claimed() > before, "the page whose last frees waited in this thread's outbox was not claimed");
+  CHECK(taken() > before, "the page whose last frees waited in this thread's outbox did not leave its owner");
   CHECK(in_pages(oblk, 1, p), "the new block is not in the owner's emptied page");
   M_free(mt_hide(p));
   return NULL;
@@ -308,7 +346,7 @@ static void *race_partner(void *arg) {
 }
 
 static int run_race(void) {
-  uint64_t before = claimed();
+  uint64_t before = claimed(), before_e = emptied();
   REQUIRE(pthread_barrier_init(&rbar, NULL, 2 * PAIRS) == 0, "pthread_barrier_init");
   pthread_t o[PAIRS], q[PAIRS];
   for (uintptr_t i = 0; i < PAIRS; i++) {
@@ -319,15 +357,17 @@ static int run_race(void) {
     pthread_join(o[i], NULL);
     pthread_join(q[i], NULL);
   }
-  uint64_t got = claimed() - before;
-  printf("race: %llu pages claimed\n", (unsigned long long)got);
-  CHECK(got > 0, "no page was claimed: the race was not exercised");
+  uint64_t got = claimed() - before, got_e = emptied() - before_e;
+  printf("race: %llu pages claimed, %llu given back by their last remote free\n", (unsigned long long)got,
+         (unsigned long long)got_e);
+  CHECK(got + got_e > 0, "no page left its owner: the race was not exercised");
   return mt_result("claim race");
 }
 
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "take";
   if (!strcmp(what, "take")) return run_take();
+  if (!strcmp(what, "emptied")) return run_emptied();
   if (!strcmp(what, "current")) return run_current();
   if (!strcmp(what, "orphan")) return run_orphan();
   if (!strcmp(what, "outbox")) return run_outbox();
