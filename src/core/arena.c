@@ -512,6 +512,23 @@ static void free_span_locked(arena_t *a, page_t *pg, uint64_t now) {
   if (!a->next_purge_ms || a->next_purge_ms > now + mld_purge_age()) a->next_purge_ms = now + mld_purge_age();
 }
 
+/* The arena's lock if it is free now (no wait): for a thread holding a heap lock that has something else to do. */
+bool mld_arena_trylock(arena_t *a) {
+  if (pthread_mutex_trylock(&a->lock) != 0) return false;
+  a->lock_stats.ops++;
+  return true;
+}
+
+/* A span goes back, a's lock held (taken by free_span or mld_arena_trylock); released on return. */
+void mld_arena_free_span_unlock(arena_t *a, page_t *pg) {
+  uint64_t now = mld_now_ms();
+  pg->user = NULL;
+  free_span_locked(a, pg, now);
+  mld_arena_maybe_purge(a, now);
+  arena_unlock(a);
+  mld_dirty_notify();
+}
+
 /* A span goes back; `closed`: the mask bits of its slots that its caller made PROT_NONE whole (secure variant). */
 static void free_span(arena_t *a, page_t *pg, uint64_t closed) {
   arena_lock(a);
@@ -520,12 +537,7 @@ static void free_span(arena_t *a, page_t *pg, uint64_t closed) {
 #else
   (void)closed;
 #endif
-  uint64_t now = mld_now_ms();
-  pg->user = NULL;
-  free_span_locked(a, pg, now);
-  mld_arena_maybe_purge(a, now);
-  arena_unlock(a);
-  mld_dirty_notify();
+  mld_arena_free_span_unlock(a, pg);
 }
 
 void mld_arena_free_span(arena_t *a, page_t *pg) { free_span(a, pg, 0); }

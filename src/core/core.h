@@ -448,6 +448,8 @@ MLD_HIDDEN int mld_arena_create(void);
 MLD_HIDDEN page_t *mld_arena_alloc_span(arena_t *a, size_t slots, bool *zero);   /* a large block's span */
 MLD_HIDDEN page_t *mld_arena_alloc_span_kind(arena_t *a, size_t slots, uint8_t kind, bool *zero);
 MLD_HIDDEN void mld_arena_free_span(arena_t *a, page_t *pg);
+MLD_HIDDEN bool mld_arena_trylock(arena_t *a);
+MLD_HIDDEN void mld_arena_free_span_unlock(arena_t *a, page_t *pg);   /* a's lock held; released */
 MLD_HIDDEN void mld_arena_free_span_noaccess(arena_t *a, page_t *pg);   /* secure: a span made PROT_NONE whole */
 MLD_HIDDEN page_t *mld_arena_adopt(arena_t *a, unsigned cls, heap_t *h);
 MLD_HIDDEN void mld_arena_abandon(arena_t *a, page_t *pg);
