@@ -275,10 +275,10 @@ static void page_leave_shared(page_t *pg) {
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
 }
 
-/* Does every block of pg that is handed out wait as a published remote free (pg's heap lock held)? Then its owner holds
- * none: the proof is sweep_unparked's. */
-static bool all_out_waiting(const page_t *pg) {
-  size_t n = mld_page_remote_published(pg);
+/* Does every block of pg that is handed out wait as a published remote free, or in the caller's unpublished batch of
+ * `batch` blocks (pg's heap lock held)? Then its owner holds none: the proof is sweep_unparked's. */
+static bool all_out_waiting(const page_t *pg, size_t batch) {
+  size_t n = mld_page_remote_published(pg) + batch;
   return n != 0 && n == __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE);
 }
 
@@ -512,7 +512,7 @@ static page_t *claim_from(heap_t *o, unsigned c, bool orphan) {   /* o's lock he
   for (int k = 0; k < 2; k++) {
     for (page_t *pg = lists[k]->head; pg && n < CLAIM_PAGES; pg = pg->next, n++) {
       if (pg == o->current[c] && !orphan) continue;   /* `current` changes only under o's lock */
-      if (!all_out_waiting(pg)) continue;
+      if (!all_out_waiting(pg, 0)) continue;
       MLD_RACE_WINDOW();   /* its owner runs on meanwhile: it holds no block of this page */
       list_remove(lists[k], pg);
       if (pg == o->current[c]) set_current(o, c);
@@ -794,12 +794,12 @@ void mld_free_parked(void *p) {
  * peak RSS in pages their consumers had emptied; docs/PERFORMANCE.md, issue 39). Under o's lock (tried only: false,
  * and the batch is sent as usual, when it is held or anything below has changed): `heap` naming o, the page is o's
  * and stays so, and parked (in_full is written under the lock), so o's fast paths do not touch it; claim_from's proof
- * then holds with the batch counted: the published count read before `used` (acquire) plus n equal to it proves that
- * every block handed out is published or in the batch, so o holds none and no other thread can free into it. The page
- * cannot have been released before the lock: the batch's blocks keep it in use. To the arena, not to o's page cache:
- * any thread may take it from there, and it decays (in o's cache a blocked o would keep it, and the thread that
- * emptied it could not reuse it: test_claim `outbox`). Heaps bound to an arena (arenas.create) keep their pages, as
- * claims leave them. */
+ * then holds with the batch counted (all_out_waiting): the published count read before `used` (acquire) plus n equal
+ * to it proves that every block handed out is published or in the batch, so o holds none and no other thread can free
+ * into it. The page cannot have been released before the lock: the batch's blocks keep it in use. To the arena, not to
+ * o's page cache: any thread may take it from there, and it decays (in o's cache a blocked o would keep it, and the
+ * thread that emptied it could not reuse it: test_claim `outbox`). Heaps bound to an arena (arenas.create) keep their
+ * pages, as claims leave them. */
 bool mld_heap_give_emptied(heap_t *o, page_t *pg, uint32_t n) {
   if (o->bound || !mld_spin_trylock(&o->lock)) return false;
   arena_t *a;
@@ -807,7 +807,7 @@ bool mld_heap_give_emptied(heap_t *o, page_t *pg, uint32_t n) {
    * in futex waits (xmalloc-test: twice the samples in the scheduler). A parked page is never current once the lock
    * that parked it is released; checked all the same, as claim_from does: the fast path allocates from `current`. */
   if (atomic_load_explicit(&pg->heap, memory_order_relaxed) != o || !pg->in_full || pg == o->current[pg->size_class] ||
-      mld_page_remote_published(pg) + n != __atomic_load_n(&pg->used, __ATOMIC_ACQUIRE) ||
+      !all_out_waiting(pg, n) ||
       !mld_arena_trylock(a = segment_of(pg)->arena)) {
     mld_spin_unlock(&o->lock);
     return false;
@@ -971,7 +971,7 @@ static void sweep_unparked(heap_t *h) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     for (page_t *pg = h->avail[c].head, *next; pg; pg = next) {
       next = pg->next;
-      if (pg == h->current[c] || !all_out_waiting(pg)) continue;
+      if (pg == h->current[c] || !all_out_waiting(pg, 0)) continue;
       MLD_RACE_WINDOW();   /* the owner runs on meanwhile: it holds no block of this page */
       list_remove(&h->avail[c], pg);
       set_in_full(pg, 1);
