@@ -39,6 +39,8 @@
 #endif
 #define MLD_MAX_ARENAS 64
 #define MLD_KEEP_SLOTS 16                                 /* slots of empty multi-slot current pages a heap keeps */
+#define MLD_KEEP_EMPTIES 8      /* a multi-slot current page stays empty with its heap once its class emptied pages */
+#define MLD_KEEP_WINDOW_MS 4    /* ... this many times within this many ms (heap.c keep_empty): a malloc/free loop */
 /* The largest request (and alignment) ever served: no mapping can be larger than the user address space (glibc
  * refuses above PTRDIFF_MAX, far above it). Size computations start from values at most this large, with checks. */
 #define MLD_MAX_REQUEST ((size_t)1 << MLD_ADDR_BITS)
@@ -286,6 +288,10 @@ typedef struct heap_s {
   uint64_t reclaim_ms;                   /* the owner's last such walk, plus 1 ms per 64 pages it walked */
   /* Claims (heap.c claim_parked) that found nothing in a row, and the new pages to take before the next try. */
   uint32_t claim_misses, claim_skip;
+  /* Per class: when the heap's current count of emptied multi-slot pages began (ms, truncated), and the count
+   * (heap.c keep_empty). */
+  uint32_t empties_since[MLD_NUM_CLASSES];
+  uint8_t empties[MLD_NUM_CLASSES];
   /* The block the owner last began to free (api.c dealloc), stored with release before its free reads the page's
    * owner_slow: a thread that parks a page of an idle owner from outside (heap.c take_from_idle) leaves alone the page
    * this points into after a barrier on every thread (mld_os_barrier_all). Written on every free: it starts a line
