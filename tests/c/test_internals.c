@@ -395,12 +395,41 @@ static void test_signal_names(void) {
   }
 }
 
+/* ---- carving: a page's first chunk is MLD_EXTEND_FIRST, the next ones MLD_EXTEND_BYTES, at least 4 blocks ---- */
+static void test_carve(void) {
+#ifndef MALLARD_SECURE
+  static heap_t owner;   /* names the pages' owner; nothing allocates from it */
+  arena_t *a = mld_arena_get(0);
+  REQUIRE(a, "arena 0");
+  const size_t sizes[] = { 16, 64, 1024, 2048, 8192 };
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    unsigned c = mld_size_class(sizes[i]);
+    size_t bs = mld_class_size[c];
+    bool zero;
+    page_t *pg = mld_arena_alloc_span_kind(a, 1, PAGE_SMALL, &zero);
+    REQUIRE(pg, "a one-slot span");
+    mld_page_init(pg, c, &owner);
+    size_t first = MLD_EXTEND_FIRST / bs < 4 ? 4 : MLD_EXTEND_FIRST / bs;
+    size_t next = MLD_EXTEND_BYTES / bs < 4 ? 4 : MLD_EXTEND_BYTES / bs;
+    if (first > pg->reserved) first = pg->reserved;
+    CHECK(mld_page_extend(pg) && pg->capacity == first, "%zu B blocks: %u carved first, %zu expected (%zu bytes)", bs,
+          pg->capacity, first, (size_t)MLD_EXTEND_FIRST);
+    if (next > pg->reserved - first) next = pg->reserved - first;
+    CHECK(mld_page_extend(pg) && pg->capacity == first + next, "%zu B blocks: %u carved after the second chunk, %zu "
+          "expected", bs, pg->capacity, first + next);
+    pg->capacity = 0;   /* nothing handed out: the span goes back as it came */
+    mld_arena_free_span(a, pg);
+  }
+#endif
+}
+
 int main(void) {
   void *p = mallard_malloc(1);   /* initialises the allocator: classes, options, arenas */
   mallard_free(p);
   test_size_classes();
   test_ownership();
   test_spans();
+  test_carve();
   test_options();
   test_signal_names();
   /* The allocator still works with the restored options. */
