@@ -53,8 +53,8 @@ static bool page_extend(page_t *pg, size_t most) {
 #ifdef MALLARD_SECURE
   size_t n = MLD_EXTEND_BYTES / bs;
 #else
-  /* The first chunk of a page is a quarter: each class a thread touches once faults in 4 KiB, not 16 (a process that
-   * allocates a little in 18 classes: 0.19 MiB less RSS; docs/PERFORMANCE.md, issue 39's twenty-fifth pass). */
+  /* The first chunk of a page is a quarter: each class a thread touches once faults in 4 KiB, not 16 (`sleep`, which
+   * allocates a little in 18 classes: 2.25 -> 2.12 MiB peak RSS; docs/PERFORMANCE.md, issue 39's twenty-fifth pass). */
   size_t n = (pg->capacity ? MLD_EXTEND_BYTES : MLD_EXTEND_FIRST) / bs;
 #endif
   if (n < 4) n = 4;
