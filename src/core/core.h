@@ -289,7 +289,7 @@ typedef struct heap_s {
   /* Claims (heap.c claim_parked) that found nothing in a row, and the new pages to take before the next try. */
   uint32_t claim_misses, claim_skip;
   /* Per class: when the heap's current count of emptied multi-slot pages began (ms, truncated), and the count
-   * (heap.c keep_empty). */
+   * (heap.c keep_empty; fast variant). */
   uint32_t empties_since[MLD_NUM_CLASSES];
   uint8_t empties[MLD_NUM_CLASSES];
   /* The block the owner last began to free (api.c dealloc), stored with release before its free reads the page's

@@ -723,7 +723,8 @@ void mld_exit_heap_fork_child(void) { atomic_store(&mld_exit_heap.lock, 0); }
 
 /* May the class's only page stay with the heap although empty? One-slot pages always. A multi-slot page only once
  * its class has emptied MLD_KEEP_EMPTIES pages within MLD_KEEP_WINDOW_MS (a malloc/free loop over a medium size: it
- * then stays on the fast path), and while the heap keeps at most MLD_KEEP_SLOTS slots of such pages (a loop over
+ * then stays on the fast path; the secure variant keeps it at once, as its small pages are multi-slot at 64 KiB OS
+ * pages and a double free or a write after free into a page just emptied is caught only while it stays), and while the heap keeps at most MLD_KEEP_SLOTS slots of such pages (a loop over
  * medium sizes must not thrash, an idle thread must not sit on megabytes). A class used now and then gives its empty
  * page back (to the page cache or the arena) each time: mstress's rare 40-256 KiB blocks left empty current pages of
  * up to 1 MiB a heap (docs/PERFORMANCE.md, issue 39's twenty-fifth pass); a loop pays the slow path 8 times, once.
@@ -731,6 +732,7 @@ void mld_exit_heap_fork_child(void) { atomic_store(&mld_exit_heap.lock, 0); }
 static bool keep_empty(heap_t *h, page_t *pg) {
   if (pg->slot_count == 1 || !pg->keep_check) return true;
   unsigned cls = pg->size_class;
+#ifndef MALLARD_SECURE
   uint32_t now = (uint32_t)mld_now_ms();   /* truncated: only differences are used, modulo 2^32 */
   if (now - h->empties_since[cls] > MLD_KEEP_WINDOW_MS) {
     h->empties_since[cls] = now;
@@ -738,6 +740,7 @@ static bool keep_empty(heap_t *h, page_t *pg) {
   }
   if (++h->empties[cls] < MLD_KEEP_EMPTIES) return false;
   h->empties[cls] = MLD_KEEP_EMPTIES;   /* no wrap while the window lasts */
+#endif
   size_t kept = 0;
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     const page_t *q = h->current[c];
