@@ -724,11 +724,12 @@ void mld_exit_heap_fork_child(void) { atomic_store(&mld_exit_heap.lock, 0); }
 /* May the class's only page stay with the heap although empty? One-slot pages always. A multi-slot page only once
  * its class has emptied MLD_KEEP_EMPTIES pages within MLD_KEEP_WINDOW_MS (a malloc/free loop over a medium size: it
  * then stays on the fast path; the secure variant keeps it at once, as its small pages are multi-slot at 64 KiB OS
- * pages and a double free or a write after free into a page just emptied is caught only while it stays), and while the heap keeps at most MLD_KEEP_SLOTS slots of such pages (a loop over
- * medium sizes must not thrash, an idle thread must not sit on megabytes). A class used now and then gives its empty
- * page back (to the page cache or the arena) each time: mstress's rare 40-256 KiB blocks left empty current pages of
- * up to 1 MiB a heap (docs/PERFORMANCE.md, issue 39's twenty-fifth pass); a loop pays the slow path 8 times, once.
- * A kept page is not asked again until it is reused from scratch. */
+ * pages and a double free or a write after free into a page just emptied is caught only while it stays), and while
+ * the heap keeps at most MLD_KEEP_SLOTS slots of such pages (a loop over medium sizes must not thrash, an idle
+ * thread must not sit on megabytes). A class used now and then gives its empty page back (to the page cache or the
+ * arena) each time: mstress's rare 40-256 KiB blocks left empty current pages of up to 1 MiB a heap
+ * (docs/PERFORMANCE.md, issue 39's twenty-fifth pass); a loop pays the slow path 8 times, once. A kept page is not
+ * asked again until it is reused from scratch. */
 static bool keep_empty(heap_t *h, page_t *pg) {
   if (pg->slot_count == 1 || !pg->keep_check) return true;
   unsigned cls = pg->size_class;

@@ -34,8 +34,9 @@ static void *rare(void *arg) {
     mt_fill(p, SIZE, (uint64_t)i);
     uint64_t held = cls_stat("curpages");
     M_free(mt_hide(p));
-    CHECK(cls_stat("curpages") == held - 1, "free %d of the class's only block: %llu pages held, %llu expected (the empty "
-          "page stayed with the heap)", i, (unsigned long long)cls_stat("curpages"), (unsigned long long)(held - 1));
+    CHECK(cls_stat("curpages") == held - 1, "free %d of the class's only block: %llu pages held, %llu expected (the "
+          "empty page stayed with the heap)", i, (unsigned long long)cls_stat("curpages"),
+          (unsigned long long)(held - 1));
   }
   return NULL;
 }
