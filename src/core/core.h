@@ -288,10 +288,12 @@ typedef struct heap_s {
   uint64_t reclaim_ms;                   /* the owner's last such walk, plus 1 ms per 64 pages it walked */
   /* Claims (heap.c claim_parked) that found nothing in a row, and the new pages to take before the next try. */
   uint32_t claim_misses, claim_skip;
+#ifndef MALLARD_SECURE
   /* Per class: when the heap's current count of emptied multi-slot pages began (ms, truncated), and the count
-   * (heap.c keep_empty; fast variant). */
+   * (heap.c keep_empty; the secure variant keeps such a page at once and has neither). */
   uint32_t empties_since[MLD_NUM_CLASSES];
   uint8_t empties[MLD_NUM_CLASSES];
+#endif
   /* The block the owner last began to free (api.c dealloc), stored with release before its free reads the page's
    * owner_slow: a thread that parks a page of an idle owner from outside (heap.c take_from_idle) leaves alone the page
    * this points into after a barrier on every thread (mld_os_barrier_all). Written on every free: it starts a line
