@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tools" / "mallard" / "src"))
 
 import mimalloc_bench as mb  # noqa: E402
+import run as bench_run  # noqa: E402  (bench/run.py: its machine record)
 from mallard_cli import allocators as alloc_mod  # noqa: E402
 
 
@@ -35,33 +35,16 @@ def parse_allocators(spec: str) -> list:
             path = str(Path(path).resolve())
         if any(a.name == name for a in out):
             raise ValueError(f"--allocators: {name} named twice")
-        out.append(alloc_mod.Allocator(name, path, "unknown", None))
+        # The system's malloc is its C library's: its name and version as Python finds them.
+        version = (" ".join(platform.libc_ver()).strip() or "unknown") if path is None else "unknown"
+        out.append(alloc_mod.Allocator(name, path, version, None))
     return out
 
 
-def machine() -> dict:
-    info = {"cores": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "compiler": "(libraries and programs built elsewhere)", "git": os.environ.get("MALLARD_GIT", "unknown")}
-    try:
-        info["git"] = subprocess.run(["git", "-C", str(BENCH_DIR), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                     text=True, timeout=10, check=True).stdout.strip() or info["git"]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        info["cpu"] = "unknown"
-    try:
-        info["os"] = next(ln.split("=", 1)[1].strip().strip('"') for ln in open("/etc/os-release")
-                          if ln.startswith("PRETTY_NAME="))
-    except (OSError, StopIteration):
-        info["os"] = "unknown"
-    try:
-        info["glibc"] = subprocess.run(["ldd", "--version"], capture_output=True, text=True,
-                                       timeout=10).stdout.splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        info["glibc"] = "unknown"
+def machine(allocs: list) -> dict:
+    """run.py's record of the machine; the checkout's git may be absent on a lent machine (MALLARD_GIT then)."""
+    info = bench_run.machine_info(allocs)
+    info["git"] = info["git"] or os.environ.get("MALLARD_GIT", "unknown")
     return info
 
 
@@ -94,13 +77,11 @@ def run(a) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     peers = [x.name for x in allocs if x.name != a.subject]
     raw = {"mode": "mbench", "repeats": 0, "command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M"),
-           "mbench_dir": str(mdir), "run_s": a.run_s, "machine": machine(), "allocators": [x.name for x in allocs],
+           "mbench_dir": str(mdir), "run_s": a.run_s, "machine": machine(allocs), "allocators": [x.name for x in allocs],
            "peers": peers, "threads": threads, "programs": programs, "skipped": [],
            "cells": [{"workload": c.workload, "threads": c.threads, "args": c.args, "cross_thread": c.cross_thread,
                       "fixed_time": c.fixed_time, "id": c.id, "runs": {x.name: [] for x in allocs},
                       "repro": {x.name: mb.repro(c, x, mdir) for x in allocs}} for c in cells]}
-    raw["machine"]["allocators"] = {x.name: {"version": raw["machine"]["glibc"] if x.path is None else "unknown",
-                                             "path": x.path, "conf": None} for x in allocs}
     t0 = time.monotonic()
     deadline = t0 + a.deadline_s
 
