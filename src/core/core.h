@@ -372,7 +372,11 @@ typedef struct options_s {
 #define MLD_OWNER_FREE_FIRST 2           /* delayed_reuse:false */
 #define MLD_LARGE_QUARANTINE_MAX 64      /* bound of large_quarantine: the quarantine's array (large.c) */
 #define MLD_EXTEND_BYTES (16 * 1024)     /* a page is carved this much at a time (page.c): RSS grows with use */
-#define MLD_EXTEND_FIRST (4 * 1024)      /* fast variant: a page's first chunk (page.c): a class used once pins less */
+#ifdef MALLARD_SECURE
+#define MLD_EXTEND_FIRST MLD_EXTEND_BYTES   /* a page's first chunk (page.c): the secure variant carves it whole */
+#else
+#define MLD_EXTEND_FIRST (4 * 1024)      /* a page's first chunk (page.c): a class used once pins less */
+#endif
 #define MLD_SHUFFLE_MAX (MLD_EXTEND_BYTES / 16)   /* bound of shuffle: the most blocks a carved chunk holds */
 
 extern options_t mld_opt MLD_HIDDEN;

@@ -50,13 +50,10 @@ static void push_shuffled(page_t *pg, block_t **order, size_t n) {
 static bool page_extend(page_t *pg, size_t most) {
   if (pg->capacity >= pg->reserved) return false;
   size_t bs = pg->block_size;
-#ifdef MALLARD_SECURE
-  size_t n = MLD_EXTEND_BYTES / bs;
-#else
-  /* The first chunk of a page is a quarter: each class a thread touches once faults in 4 KiB, not 16 (`sleep`, which
-   * allocates a little in 18 classes: 2.25 -> 2.12 MiB peak RSS; docs/PERFORMANCE.md, issue 39's twenty-fifth pass). */
+  /* The fast variant's first chunk of a page is a quarter: each class a thread touches once faults in 4 KiB, not 16
+   * (`sleep`, which allocates a little in 18 classes: 2.25 -> 2.12 MiB peak RSS; docs/PERFORMANCE.md, issue 39's
+   * twenty-fifth pass). */
   size_t n = (pg->capacity ? MLD_EXTEND_BYTES : MLD_EXTEND_FIRST) / bs;
-#endif
   if (n < 4) n = 4;
   if (n > most) n = most;
   if (n > pg->reserved - pg->capacity) n = pg->reserved - pg->capacity;
@@ -81,7 +78,7 @@ static bool page_extend(page_t *pg, size_t most) {
   return true;
 }
 
-/* Carve the next chunk: MLD_EXTEND_BYTES of blocks (a page's first: MLD_EXTEND_FIRST, fast variant), at least 4. */
+/* Carve the next chunk: MLD_EXTEND_BYTES of blocks (a page's first: MLD_EXTEND_FIRST), at least 4. */
 bool mld_page_extend(page_t *pg) { return page_extend(pg, SIZE_MAX); }
 
 /* A page none of whose blocks is live (used == 0, its remote frees collected: none can be in flight) is carved
