@@ -208,11 +208,27 @@ static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *slot, void *p) {
   mld_huge_cache_age();
 }
 
+/* free() of a block whose slot's descriptor does not name the calling thread's heap. The common case first, with no
+ * call and no register saved: a remote free of a block in a small page's first slot (no junk:free), into the batch
+ * its page has in this thread's outbox (core.h mld_free_remote_fast). The descriptor cannot become ours meanwhile: only
+ * this thread adopts pages into its heap. Everything else is free_not_own's. */
+static MLD_NOINLINE void free_other(segment_t *seg, page_t *slot, void *p) {
+#ifndef MALLARD_SECURE
+  /* A huge segment's header first: its block holds no descriptor to read. */
+  if (likely(seg->kind != SEG_HUGE) && likely(slot->offset == 0) && likely(slot->kind == PAGE_SMALL) &&
+      likely(!slot->junk_free)) {
+    mld_free_remote_fast(mld_tls_heap, slot, p);
+    return;
+  }
+#endif
+  free_not_own(seg, slot, p);
+}
+
 /* The slot's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: our page's slow path,
- * or whatever free_not_own finds. */
+ * or whatever free_other finds. */
 static MLD_NOINLINE void free_flagged(segment_t *seg, page_t *slot, void *p) {
   if (atomic_load_explicit(&slot->heap, memory_order_relaxed) == mld_tls_heap) owner_free_slow(p);
-  else free_not_own(seg, slot, p);
+  else free_other(seg, slot, p);
 }
 
 /* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. */
@@ -256,7 +272,7 @@ static inline void dealloc(void *p) {
     owner_free(h, pg, p);
     return;
   }
-  free_not_own(seg, pg, p);
+  free_other(seg, pg, p);
 }
 
 /* Usable size of a block we own, 0 (after a report) for a pointer we do not. */

@@ -547,6 +547,33 @@ extern heap_t mld_heap_empty MLD_HIDDEN;
 extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
 MLD_HIDDEN void mld_free_remote(page_t *pg, void *p);             /* a block of another thread's small page */
+/* A page's slot in a thread's outbox (outbox.c): one page at a time, direct-mapped by descriptor address. */
+static inline outbox_t *mld_outbox_slot(heap_t *h, const page_t *pg) {
+  return &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
+}
+#ifndef MALLARD_SECURE
+/* A remote free's common case, inlined into free() (api.c): the block joins the batch that h's outbox holds for its
+ * page already, and nothing falls due (the batch stays under MLD_OUTBOX_BLOCKS blocks and MLD_OUTBOX_BYTES bytes, the
+ * outbox under MLD_OUTBOX_AGE frees since its flush): no call, no atomic. Anything else is mld_free_remote's, which
+ * counts for itself. mld_heap_empty's outbox names no page, so its frees never match. Nothing is published: the
+ * block, still counted in `used`, keeps its page in use while this reads the descriptor. */
+static inline void mld_free_remote_fast(heap_t *h, page_t *pg, block_t *b) {
+  outbox_t *e = mld_outbox_slot(h, pg);
+  uint32_t bytes = e->bytes + pg->block_size;
+  if (likely(e->page == pg) && likely(e->count < MLD_OUTBOX_BLOCKS - 1) && likely(bytes < MLD_OUTBOX_BYTES) &&
+      likely(h->outbox_ops < MLD_OUTBOX_AGE - 1)) {
+    h->stats.cls[pg->size_class].nfree++;
+    h->stats.remote_frees++;
+    b->next = e->head;
+    e->head = b;
+    e->count++;
+    e->bytes = bytes;
+    h->outbox_ops++;
+    return;
+  }
+  mld_free_remote(pg, b);
+}
+#endif
 MLD_HIDDEN void mld_free_parked(void *p);          /* the owner frees a block of one of its parked pages */
 MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);            /* heap lock held */
 MLD_HIDDEN void mld_page_retire_owner(heap_t *h, page_t *pg);      /* the owner's fast path emptied pg: takes the lock */

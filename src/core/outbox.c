@@ -157,17 +157,13 @@ void mld_outbox_flush(heap_t *h) {
     if (h->outbox[i].page) send(&h->outbox[i]);
 }
 
-/* A page's slot in a thread's outbox: one page at a time, direct-mapped by descriptor address. */
-static inline outbox_t *outbox_slot(heap_t *h, const page_t *pg) {
-  return &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
-}
 
 #ifndef MALLARD_SECURE
 /* A block of a page this heap does not own: add it to that page's batch. A batch is sent when it holds
  * MLD_OUTBOX_BLOCKS blocks or MLD_OUTBOX_BYTES bytes, so blocks of 8 KiB and more go out at once and at most
  * MLD_OUTBOX_SLOTS * MLD_OUTBOX_BYTES bytes wait in a thread's outbox. */
 void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
-  outbox_t *e = outbox_slot(h, pg);
+  outbox_t *e = mld_outbox_slot(h, pg);
   uint32_t bs = pg->block_size;
   if (e->page == pg) {
     b->next = e->head;
@@ -201,7 +197,7 @@ void mld_remote_free_secure(heap_t *h, page_t *pg, block_t *b) {
   if (owed) {
     MLD_RACE_WINDOW();   /* the bit is set, its word not yet published: the holder cannot reach the block */
     /* The slot of the descriptor of b's own slot: a multi-slot page's summary words batch in slots of their own. */
-    outbox_t *e = outbox_slot(h, pg + sword);
+    outbox_t *e = mld_outbox_slot(h, pg + sword);
     if (e->page != pg || e->sword != sword) {
       if (e->page) send(e);
       e->page = pg;

@@ -423,6 +423,100 @@ static void test_carve(void) {
 #endif
 }
 
+/* ---- remote frees: one batch per page in the freeing thread's outbox, sent at MLD_OUTBOX_BLOCKS blocks, at
+ * MLD_OUTBOX_BYTES bytes and every MLD_OUTBOX_AGE remote frees (the common case inlined into free: core.h
+ * mld_free_remote_fast; the rest: outbox.c). A thread frees blocks the main thread allocated and, after each free,
+ * reads its own outbox and counters. ---- */
+#ifndef MALLARD_SECURE
+enum { OB_SMALL = 200, OB_KIB = 24, OB_MEDIUM = 16 };
+static void *ob_small[OB_SMALL], *ob_kib[OB_KIB], *ob_medium[OB_MEDIUM];
+static size_t ob_nmedium;   /* medium blocks allocated: the last one lies past its page's first slot */
+
+static page_t *ob_page(void *p) { return page_of(segment_of(p), p); }
+/* Blocks of `v` in the page of v[0], at most `want`, moved to the front; how many. */
+static size_t ob_same_page(void **v, size_t n, size_t want) {
+  size_t k = 0;
+  for (size_t i = 0; i < n && k < want; i++)
+    if (ob_page(v[i]) == ob_page(v[0])) { void *t = v[k]; v[k++] = v[i]; v[i] = t; }
+  return k;
+}
+static uint32_t ob_pending(page_t *pg) {   /* blocks of pg waiting in this thread's outbox */
+  outbox_t *e = mld_outbox_slot(mld_tls_heap, pg);
+  return e->page == pg ? e->count : 0;
+}
+/* Free v[0..n) (blocks of one page, allocated by another thread) one by one: after free k (from 1), `sent_at` (0:
+ * never) decides whether the batch went out, every free is counted once in the thread's counters. */
+static void ob_free_run(const char *what, void **v, size_t n, size_t sent_at) {
+  page_t *pg = ob_page(v[0]);
+  for (size_t k = 1; k <= n; k++) {
+    heap_t *h = mld_tls_heap;
+    uint64_t remote = h->stats.remote_frees, nfree = h->stats.cls[pg->size_class].nfree;
+    mallard_free(v[k - 1]);
+    v[k - 1] = NULL;   /* the main thread frees what is left */
+    h = mld_tls_heap;
+    size_t want = sent_at && k >= sent_at ? k - sent_at : k;
+    CHECK(ob_pending(pg) == want, "%s: %zu blocks pending after free %zu, %zu expected", what, (size_t)ob_pending(pg),
+          k, want);
+    CHECK(h->stats.remote_frees == remote + 1 && h->stats.cls[pg->size_class].nfree == nfree + 1,
+          "%s: free %zu counted %llu remote frees and %llu frees of its class, 1 expected", what, k,
+          (unsigned long long)(h->stats.remote_frees - remote),
+          (unsigned long long)(h->stats.cls[pg->size_class].nfree - nfree));
+  }
+}
+static void *ob_freer(void *arg) {
+  (void)arg;
+  /* Count: 64-byte blocks go out at the 64th free of their page's batch. */
+  size_t n = ob_same_page(ob_small, OB_SMALL, MLD_OUTBOX_BLOCKS + 8);
+  REQUIRE(n == MLD_OUTBOX_BLOCKS + 8, "%zu blocks of 64 bytes in one page", n);
+  mallard_free(ob_small[n - 1]);   /* this thread's first free: it gets a heap */
+  ob_small[n - 1] = NULL;
+  mt_flush_outbox();
+  page_t *pg = ob_page(ob_small[0]);
+  ob_free_run("64 B", ob_small, MLD_OUTBOX_BLOCKS + 4, MLD_OUTBOX_BLOCKS);
+  mt_flush_outbox();
+  CHECK(ob_pending(pg) == 0, "a flush left blocks pending");
+  /* Bytes: 1 KiB blocks go out at the batch's 8 KiB. */
+  n = ob_same_page(ob_kib, OB_KIB, MLD_OUTBOX_BYTES / 1024 + 2);
+  REQUIRE(n == MLD_OUTBOX_BYTES / 1024 + 2, "%zu blocks of 1 KiB in one page", n);
+  ob_free_run("1 KiB", ob_kib, n, MLD_OUTBOX_BYTES / 1024);
+  mt_flush_outbox();
+  /* Age: the MLD_OUTBOX_AGE-th remote free since the last flush sends every batch. */
+  heap_t *h = mld_tls_heap;
+  h->outbox_ops = MLD_OUTBOX_AGE - 3;
+  ob_free_run("age", ob_small + MLD_OUTBOX_BLOCKS + 4, 3, 3);
+  /* A block past its medium page's first slot goes to its page, not to its slot's descriptor (8 KiB and more: sent at
+   * once). The page is the main thread's current one, which no sweep collects from: its published count is exact. */
+  void *far = ob_medium[ob_nmedium - 1];
+  pg = ob_page(far);
+  page_t *slot = slot_page(segment_of(far), far);
+  uintptr_t slot_tf = atomic_load(&slot->thread_free);
+  size_t before = atomic_load(&pg->thread_free) >> MLD_BATCH_COUNT_SHIFT;
+  mallard_free(far);
+  size_t after = atomic_load(&pg->thread_free) >> MLD_BATCH_COUNT_SHIFT;
+  CHECK(after == before + 1 && atomic_load(&slot->thread_free) == slot_tf, "a medium block past its page's first slot: "
+        "%zu blocks published to its page, 1 expected", after - before);
+  ob_medium[ob_nmedium - 1] = NULL;
+  mt_flush_outbox();
+  return NULL;
+}
+static void test_outbox(void) {
+  for (size_t i = 0; i < OB_SMALL; i++) REQUIRE(ob_small[i] = mallard_malloc(64), "malloc(64)");
+  for (size_t i = 0; i < OB_KIB; i++) REQUIRE(ob_kib[i] = mallard_malloc(1024), "malloc(1024)");
+  do {
+    REQUIRE(ob_nmedium < OB_MEDIUM, "no medium block past its page's first slot");
+    void *p = ob_medium[ob_nmedium++] = mallard_malloc(100000);
+    REQUIRE(p, "malloc(100000)");
+    if (slot_page(segment_of(p), p) != ob_page(p)) break;
+  } while (1);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, ob_freer, NULL) == 0, "pthread_create");
+  pthread_join(t, NULL);
+  for (size_t i = 0; i < OB_SMALL; i++) mallard_free(ob_small[i]);   /* what the thread left (NULL: freed there) */
+  for (size_t i = 0; i < OB_KIB; i++) mallard_free(ob_kib[i]);
+  for (size_t i = 0; i < OB_MEDIUM; i++) mallard_free(ob_medium[i]);
+}
+#endif
+
 int main(void) {
   void *p = mallard_malloc(1);   /* initialises the allocator: classes, options, arenas */
   mallard_free(p);
@@ -430,6 +524,9 @@ int main(void) {
   test_ownership();
   test_spans();
   test_carve();
+#ifndef MALLARD_SECURE
+  test_outbox();
+#endif
   test_options();
   test_signal_names();
   /* The allocator still works with the restored options. */
