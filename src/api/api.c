@@ -224,12 +224,8 @@ static MLD_NOINLINE void free_other(segment_t *seg, page_t *slot, void *p) {
   free_not_own(seg, slot, p);
 }
 
-/* The slot's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: our page's slow path,
- * or whatever free_other finds. */
-static MLD_NOINLINE void free_flagged(segment_t *seg, page_t *slot, void *p) {
-  if (atomic_load_explicit(&slot->heap, memory_order_relaxed) == mld_tls_heap) owner_free_slow(p);
-  else free_other(seg, slot, p);
-}
+/* Our page's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: the owner's slow path. */
+static MLD_NOINLINE void free_flagged_own(void *p) { owner_free_slow(p); }
 
 /* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. */
 static inline void owner_free(heap_t *h, page_t *pg, void *p) {
@@ -264,7 +260,10 @@ static inline void dealloc(void *p) {
    * read ours is our page, unparked; parked since only by us, or from outside by a take that leaves the page of our
    * hazard alone: the unlocked push is safe. */
   if (unlikely(mld_peek_acquire_u16(&pg->owner_slow))) {   /* parked (the locked path, heap.c) or junk:free */
-    free_flagged(seg, pg, p);
+    /* Another thread's page is parked when its owner found it dry: a remote free goes on at once (xmalloc-test's
+     * consumers: every free). */
+    if (atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) free_flagged_own(p);
+    else free_other(seg, pg, p);
     return;
   }
   mld_after_acquire_test();
