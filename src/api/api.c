@@ -224,7 +224,8 @@ static MLD_NOINLINE void free_other(segment_t *seg, page_t *slot, void *p) {
   free_not_own(seg, slot, p);
 }
 
-/* Our page's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: the owner's slow path. */
+/* Our page's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: the owner's slow path. A
+ * function of its own, so that free() saves no register for it. */
 static MLD_NOINLINE void free_flagged_own(void *p) { owner_free_slow(p); }
 
 /* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. */

@@ -552,6 +552,14 @@ static inline outbox_t *mld_outbox_slot(heap_t *h, const page_t *pg) {
   return &h->outbox[((uintptr_t)pg / sizeof(page_t)) & (MLD_OUTBOX_SLOTS - 1)];
 }
 #ifndef MALLARD_SECURE
+/* Link b into the batch e holds for b's page, whose bytes become `bytes` (outbox.c mld_outbox_add; its common case
+ * below). */
+static inline void mld_outbox_link(outbox_t *e, block_t *b, uint32_t bytes) {
+  b->next = e->head;
+  e->head = b;
+  e->count++;
+  e->bytes = bytes;
+}
 /* A remote free's common case, inlined into free() (api.c): the block joins the batch that h's outbox holds for its
  * page already, and nothing falls due (the batch stays under MLD_OUTBOX_BLOCKS blocks and MLD_OUTBOX_BYTES bytes, the
  * outbox under MLD_OUTBOX_AGE frees since its flush): no call, no atomic. Anything else is mld_free_remote's, which
@@ -564,10 +572,7 @@ static inline void mld_free_remote_fast(heap_t *h, page_t *pg, block_t *b) {
       likely(h->outbox_ops < MLD_OUTBOX_AGE - 1)) {
     h->stats.cls[pg->size_class].nfree++;
     h->stats.remote_frees++;
-    b->next = e->head;
-    e->head = b;
-    e->count++;
-    e->bytes = bytes;
+    mld_outbox_link(e, b, bytes);
     h->outbox_ops++;
     return;
   }

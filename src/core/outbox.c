@@ -157,7 +157,6 @@ void mld_outbox_flush(heap_t *h) {
     if (h->outbox[i].page) send(&h->outbox[i]);
 }
 
-
 #ifndef MALLARD_SECURE
 /* A block of a page this heap does not own: add it to that page's batch. A batch is sent when it holds
  * MLD_OUTBOX_BLOCKS blocks or MLD_OUTBOX_BYTES bytes, so blocks of 8 KiB and more go out at once and at most
@@ -166,10 +165,7 @@ void mld_outbox_add(heap_t *h, page_t *pg, block_t *b) {
   outbox_t *e = mld_outbox_slot(h, pg);
   uint32_t bs = pg->block_size;
   if (e->page == pg) {
-    b->next = e->head;
-    e->head = b;
-    e->count++;
-    e->bytes += bs;
+    mld_outbox_link(e, b, e->bytes + bs);
   } else {
     if (e->page) send(e);
     b->next = NULL;

@@ -453,7 +453,6 @@ static void ob_free_run(const char *what, void **v, size_t n, size_t sent_at) {
     uint64_t remote = h->stats.remote_frees, nfree = h->stats.cls[pg->size_class].nfree;
     mallard_free(v[k - 1]);
     v[k - 1] = NULL;   /* the main thread frees what is left */
-    h = mld_tls_heap;
     size_t want = sent_at && k >= sent_at ? k - sent_at : k;
     CHECK(ob_pending(pg) == want, "%s: %zu blocks pending after free %zu, %zu expected", what, (size_t)ob_pending(pg),
           k, want);
