@@ -72,5 +72,6 @@ MLD_HIDDEN void mld_global_stats(global_stats_t *g);
 MLD_HIDDEN void mld_stats_print_at_exit(void);
 MLD_HIDDEN void mld_stats_print_setup(void);
 MLD_HIDDEN bool mld_purge_thread_running(void);
+MLD_HIDDEN bool mld_purge_thread_booted(void);   /* the thread created runs (a creation's first step) */
 MLD_HIDDEN uint64_t mld_purge_thread_wakeups(void);
 #endif

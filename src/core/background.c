@@ -46,6 +46,7 @@ static pthread_t bg_fork_thread;
  * the middle of a creation (under qemu-user that leaves qemu's own thread-creation lock held in the child for ever:
  * docs/PLATFORMS.md). The creation allocates (the thread's TLS) with it held, so it comes before every other lock. */
 static pthread_mutex_t bg_create_lock = PTHREAD_MUTEX_INITIALIZER;
+static mld_thread_boot_t bg_boot;   /* the purging thread's start record (static: its creator does not wait for it) */
 
 static bool bg_enabled(void) { return mld_opt.background_thread && mld_opt.dirty_decay_ms > 0; }
 
@@ -138,7 +139,10 @@ void mld_purge_wake(void) {
 static _Atomic(uint64_t) bg_retry_ms;    /* after a failed start: not before this time */
 
 /* The purging thread, detached; stack_size 0: the default. */
-static int bg_create(pthread_t *t, size_t stack_size) { return mld_thread_start(t, bg_main, stack_size); }
+static int bg_create(pthread_t *t, size_t stack_size) {
+  bg_boot.fn = bg_main;
+  return mld_thread_start(t, &bg_boot, stack_size);
+}
 
 /* Allocation slow paths, at their end, no lock held: start the purging thread once it is worth having. */
 void mld_purge_thread_maybe_start(void) {
@@ -158,14 +162,13 @@ void mld_purge_thread_maybe_start(void) {
   pthread_mutex_lock(&bg_create_lock);
   int rc = bg_create(&t, 64 * 1024);
   if (rc != 0) rc = bg_create(&t, 0);
+  if (rc != 0) {   /* under the lock: a fork handler that reads bg_started 1 after it waits for a thread that runs */
+    atomic_store(&bg_retry_ms, mld_now_ms() + BG_RETRY_MS);   /* e.g. EAGAIN: tried again later, not never */
+    atomic_store(&bg_started, 0);
+  }
   pthread_mutex_unlock(&bg_create_lock);
   mld_self_alloc = was_self;
-  if (rc == 0) {
-    pthread_setname_np(t, "mallard-purge");
-    return;
-  }
-  atomic_store(&bg_retry_ms, mld_now_ms() + BG_RETRY_MS);   /* e.g. EAGAIN: tried again later, not never */
-  atomic_store(&bg_started, 0);
+  if (rc == 0) pthread_setname_np(t, "mallard-purge");
 }
 
 /* A heap was made for the calling thread (heap.c): in a fork child, a thread other than the forking one means the
@@ -176,9 +179,15 @@ void mld_purge_new_heap(void) {
 }
 
 bool mld_purge_thread_running(void) { return atomic_load(&bg_started) == 1; }
+bool mld_purge_thread_booted(void) { return atomic_load(&bg_boot.started) == 1; }
 uint64_t mld_purge_thread_wakeups(void) { return atomic_load(&bg_wakeups); }
 
-void mld_purge_create_lock(void) { pthread_mutex_lock(&bg_create_lock); }
+/* The fork handlers' first step: no creation in progress, and a thread created runs already (mld_thread_wait_started:
+ * its creator did not wait). */
+void mld_purge_create_lock(void) {
+  pthread_mutex_lock(&bg_create_lock);
+  if (atomic_load(&bg_started) == 1) mld_thread_wait_started(&bg_boot);
+}
 void mld_purge_create_unlock(void) { pthread_mutex_unlock(&bg_create_lock); }
 void mld_purge_fork_prepare(void) { atomic_store(&bg_suspended, 1); pthread_mutex_lock(&bg_lock); }
 void mld_purge_fork_parent(void) { pthread_mutex_unlock(&bg_lock); atomic_store(&bg_suspended, 0); }

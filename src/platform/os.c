@@ -165,7 +165,10 @@ void mld_os_name(void *p, size_t size, const char *name) {
 }
 
 
-bool mld_os_init(void) { return true; }
+bool mld_os_init(void) {
+  mld_os_barrier_register();
+  return true;
+}
 
 #ifdef MALLARD_RACE_DELAY
 /* Test builds: pause 0..~50 us (sometimes just yield) so that another thread runs inside the window. */
@@ -195,21 +198,37 @@ void mld_race_delay_sometimes(void) {
 /* membarrier(2)'s commands (linux/membarrier.h, not in every libc's include path: musl's). */
 #define MEMBARRIER_PRIVATE_EXPEDITED (1 << 3)
 #define MEMBARRIER_REGISTER_PRIVATE_EXPEDITED (1 << 4)
+static _Atomic(int) barrier_registered;   /* 0: not yet, 1: done, -1: refused (never asked again) */
+
+static int barrier_register(void) {
+#ifdef SYS_membarrier
+  int r = syscall(SYS_membarrier, MEMBARRIER_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : -1;
+#else
+  int r = -1;
+#endif
+  atomic_store_explicit(&barrier_registered, r, memory_order_release);
+  return r;
+}
+
+/* The registration costs the kernel an RCU grace period when the process runs several threads (~9 ms here, in the
+ * thread whose refill first took an idle owner's pages: mstress's worker, every process once) and nothing while it
+ * runs one: done at initialisation and in a fork child (whose address space starts unregistered). */
+void mld_os_barrier_register(void) {
+  int e = errno;   /* a refusal (ENOSYS, EINVAL) is no error of the program's */
+  barrier_register();
+  errno = e;
+}
+
 bool mld_os_barrier_all(void) {
 #ifdef SYS_membarrier
-  static _Atomic(int) registered;   /* 0: not yet, 1: done, -1: refused (never asked again) */
   for (int tries = 0; tries < 2; tries++) {
-    int r = atomic_load_explicit(&registered, memory_order_acquire);
+    int r = atomic_load_explicit(&barrier_registered, memory_order_acquire);
     if (r < 0) return false;
-    if (r == 0) {
-      r = syscall(SYS_membarrier, MEMBARRIER_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 ? 1 : -1;
-      atomic_store_explicit(&registered, r, memory_order_release);
-      if (r < 0) return false;
-    }
+    if (r == 0 && barrier_register() < 0) return false;
     if (syscall(SYS_membarrier, MEMBARRIER_PRIVATE_EXPEDITED, 0, 0) == 0) return true;
     if (errno != EPERM) return false;
     /* EPERM: not registered for this process: a fork child, whose new address space starts unregistered. */
-    atomic_store_explicit(&registered, 0, memory_order_release);
+    atomic_store_explicit(&barrier_registered, 0, memory_order_release);
   }
 #endif
   return false;
@@ -284,35 +303,34 @@ bool mld_os_protect(void *p, size_t size, bool accessible) {
 }
 
 /* ---- threads: the purging thread and the profiler's dump thread ---- */
-/* On the creator's stack until the new thread has read it (the creator waits for `started`). */
-typedef struct { void *(*fn)(void *); _Atomic(int) started; } thread_boot_t;
 static void *thread_boot(void *arg) {
-  thread_boot_t *b = arg;
-  void *(*fn)(void *) = b->fn;
-  atomic_store_explicit(&b->started, 1, memory_order_release);   /* b is gone from here on */
-  return fn(NULL);
+  mld_thread_boot_t *b = arg;
+  atomic_store_explicit(&b->started, 1, memory_order_release);
+  return b->fn(NULL);
 }
 
-/* Returns once the new thread runs: under qemu-user a new thread takes qemu's own clone lock once more after its
- * creator's pthread_create has returned, and a fork at that moment leaves the lock held in the child for ever
- * (docs/PLATFORMS.md); callers that serialise a creation with fork (core/background.c) cover that moment too. */
-int mld_thread_start(pthread_t *t, void *(*fn)(void *), size_t stack_size) {
+/* The creator does not wait for the new thread to run: on a busy machine that took ~1.5 ms (mstress: a new thread
+ * waiting behind its creator's core), every process once. Whoever forks waits instead (mld_thread_wait_started). */
+int mld_thread_start(pthread_t *t, mld_thread_boot_t *boot, size_t stack_size) {
   pthread_attr_t attr;
   sigset_t all, old;
-  thread_boot_t boot = {fn, 0};
+  atomic_store_explicit(&boot->started, 0, memory_order_relaxed);
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);   /* inherited by the new thread: every signal blocked from its start */
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   if (stack_size) pthread_attr_setstacksize(&attr, stack_size);
-  int rc = pthread_create(t, &attr, thread_boot, &boot);
+  int rc = pthread_create(t, &attr, thread_boot, boot);
   pthread_attr_destroy(&attr);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  for (unsigned i = 0; rc == 0 && !atomic_load_explicit(&boot.started, memory_order_acquire); i++) {
+  return rc;
+}
+
+void mld_thread_wait_started(mld_thread_boot_t *boot) {
+  for (unsigned i = 0; !atomic_load_explicit(&boot->started, memory_order_acquire); i++) {
     if (i < 64) sched_yield();
     else nanosleep(&(struct timespec){0, 50000}, NULL);   /* not scheduled yet (one CPU, a busy machine) */
   }
-  return rc;
 }
 
 /* ---- randomness and thread ids ---- */

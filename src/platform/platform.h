@@ -58,6 +58,7 @@ MLD_HIDDEN uint64_t mld_now_ms(void);
  * caller's earlier stores, and the caller sees whatever the thread stored before that point. false where the kernel
  * (or an emulator, a seccomp filter) does not offer it: the caller must then do without. */
 MLD_HIDDEN bool mld_os_barrier_all(void);
+MLD_HIDDEN void mld_os_barrier_register(void);   /* cheap while one thread runs: at init and in a fork child */
 MLD_HIDDEN uint64_t mld_now_ns(void);                               /* CLOCK_MONOTONIC, ns */
 MLD_HIDDEN uint64_t mld_realtime_ns(void);                          /* CLOCK_REALTIME, ns since the epoch */
 /* Mappings outside the allocator's accounting (the profiler's tables, the guarded pool): NULL on failure. */
@@ -65,9 +66,15 @@ MLD_HIDDEN void *mld_os_map_plain(size_t size, bool accessible);   /* accessible
 MLD_HIDDEN void mld_os_unmap_plain(void *p, size_t size);
 MLD_HIDDEN void *mld_os_remap_plain(void *p, size_t old_size, size_t new_size);   /* may move; NULL: unchanged */
 MLD_HIDDEN bool mld_os_protect(void *p, size_t size, bool accessible);           /* false: mprotect failed */
-/* A detached thread that starts with every signal blocked (it never runs the program's handlers); stack_size 0:
- * the default. Returns pthread_create's result. */
-MLD_HIDDEN int mld_thread_start(pthread_t *t, void *(*fn)(void *), size_t stack_size);
+/* A detached thread that starts with every signal blocked (it never runs the program's handlers) and runs boot->fn;
+ * stack_size 0: the default. Returns pthread_create's result at once: boot (static, the caller's) records when the
+ * thread runs, for mld_thread_wait_started. */
+typedef struct { void *(*fn)(void *); _Atomic(int) started; } mld_thread_boot_t;
+MLD_HIDDEN int mld_thread_start(pthread_t *t, mld_thread_boot_t *boot, size_t stack_size);
+/* Returns once the thread started with boot runs: under qemu-user a new thread takes qemu's own clone lock once more
+ * after its creator's pthread_create has returned, and a fork at that moment leaves the lock held in the child for
+ * ever (docs/PLATFORMS.md). */
+MLD_HIDDEN void mld_thread_wait_started(mld_thread_boot_t *boot);
 MLD_HIDDEN bool mld_os_random(void *buf, size_t len);              /* the kernel's entropy, without blocking */
 MLD_HIDDEN const uint8_t *mld_os_exec_random(void);                 /* AT_RANDOM: 16 bytes per exec, or NULL */
 MLD_HIDDEN uint32_t mld_os_tid(void);

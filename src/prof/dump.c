@@ -146,8 +146,10 @@ void mld_prof_dump_after_sample(double est_bytes) {
   if (mld_prof_opt.signal && !atomic_load_explicit(&thread_state, memory_order_relaxed)) {
     int expect = 0;
     if (atomic_compare_exchange_strong(&thread_state, &expect, 1)) {
+      static mld_thread_boot_t boot = { .fn = dump_thread };
       pthread_t t;   /* detached, every signal blocked from its start (mld_thread_start) */
-      if (mld_thread_start(&t, dump_thread, 256 * 1024) != 0) atomic_store(&thread_state, 0);
+      if (mld_thread_start(&t, &boot, 256 * 1024) != 0) atomic_store(&thread_state, 0);
+      else mld_thread_wait_started(&boot);   /* no fork handler waits for this one (docs/PLATFORMS.md) */
     }
   }
   /* a signal that came before the dump thread could start (or when it cannot start): this sample writes it */
