@@ -9,6 +9,7 @@
 #include "core/core.h"
 #include "control/control.h"
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,9 +37,19 @@ int main(void) {
   if (!offered) printf("membarrier's private expedited barrier is not offered here: no registration to check\n");
   else CHECK(barrier_errno() == 0, "not registered at initialisation (errno %d)", barrier_errno());
 
-  enum { SPINNERS = 4 };
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  int nspin = ncpu > 0 && ncpu < SPINNERS ? (int)ncpu : SPINNERS;
+  /* One CPU for this thread and every thread made from now on (the purging thread inherits it), kept busy: the new
+   * thread waits behind its creator and the spinners. */
+  cpu_set_t set;
+  REQUIRE(!sched_getaffinity(0, sizeof set, &set), "sched_getaffinity");
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &set)) {
+      CPU_ZERO(&set);
+      CPU_SET(c, &set);
+      break;
+    }
+  REQUIRE(!sched_setaffinity(0, sizeof set, &set), "sched_setaffinity");
+  enum { SPINNERS = 2 };
+  int nspin = SPINNERS;
   pthread_t sp[SPINNERS];
   for (int i = 0; i < nspin; i++) REQUIRE(!pthread_create(&sp[i], NULL, spinner, NULL), "pthread_create");
   REQUIRE(!mld_purge_thread_running(), "the purging thread runs already: the test cannot tell");
