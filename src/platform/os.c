@@ -212,7 +212,8 @@ static int barrier_register(void) {
 
 /* The registration costs the kernel an RCU grace period when the process runs several threads (~9 ms here, in the
  * thread whose refill first took an idle owner's pages: mstress's worker, every process once) and nothing while it
- * runs one: done at initialisation and in a fork child (whose address space starts unregistered). */
+ * runs one: done at initialisation, and again in a fork child (kernel 6.18 lets the child inherit it; a kernel that
+ * does not would otherwise charge the child's first take). */
 void mld_os_barrier_register(void) {
   int e = errno;   /* a refusal (ENOSYS, EINVAL) is no error of the program's */
   barrier_register();
@@ -227,7 +228,7 @@ bool mld_os_barrier_all(void) {
     if (r == 0 && barrier_register() < 0) return false;
     if (syscall(SYS_membarrier, MEMBARRIER_PRIVATE_EXPEDITED, 0, 0) == 0) return true;
     if (errno != EPERM) return false;
-    /* EPERM: not registered for this process: a fork child, whose new address space starts unregistered. */
+    /* EPERM: not registered for this address space (a fork child on a kernel that does not inherit it). */
     atomic_store_explicit(&barrier_registered, 0, memory_order_release);
   }
 #endif

@@ -1,7 +1,8 @@
 /* test_thread_start.c — Mallard's own threads and fork: the membarrier registration is made while one thread runs. */
 /* (1) At initialisation, and again in a fork child, the process registers for membarrier's private expedited
  * barrier (registered with several threads running, the kernel waits for an RCU grace period: ~9 ms in the thread
- * that asked): a raw barrier call succeeds at once instead of failing with EPERM. (2) The purging thread's creator
+ * that asked): a raw barrier call succeeds at once instead of failing with EPERM (in the child, on kernels that let
+ * it inherit the parent's registration, whether or not the child registers again). (2) The purging thread's creator
  * does not wait for it to run; a fork right after its creation does (under qemu-user a fork at that moment leaves
  * qemu's clone lock held in the child): with every CPU kept busy, so the new thread waits to be scheduled, the
  * parent finds it running when fork returns, and the child allocates and exits. */
