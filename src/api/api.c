@@ -39,11 +39,7 @@ static inline void *alloc_class_try(heap_t *h, unsigned c) {
   page_t *pg = h->current[c];
   block_t *b = pg->free;
   if (likely(b != NULL)) {
-    block_t *next = blk_next(pg, b);
-    pg->free = next;
-#ifndef MALLARD_SECURE
-    __builtin_prefetch(next, 1);   /* the next malloc's load of its link: a miss on a random free list, hidden now */
-#endif
+    pg->free = blk_next(pg, b);
     pg->used++;
 #ifdef MALLARD_SECURE
     secure_on_alloc(pg, b);
