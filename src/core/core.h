@@ -112,6 +112,8 @@ typedef struct __attribute__((aligned(MLD_CACHE_LINE))) page_s {
   uint32_t capacity;                     /* blocks carved into lists so far */
   uint32_t reserved;                     /* blocks that fit in the page */
   uint8_t keep_on_empty;                 /* its class's current page, and may stay with the heap when empty */
+  uint8_t dry_seen;                      /* found with nothing free by a refill and moved to its class list's tail:
+                                          * parked when found so again (heap.c heap_find_page; heap lock) */
   struct page_s *next, *prev;            /* heap page list, arena free-span list or abandoned list */
   uint64_t *nfree_count;                 /* &heap->stats.cls[size_class].nfree, set with `heap` (mld_page_set_owner):
                                           * an owner free counts without loading size_class (one dependent load less

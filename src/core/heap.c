@@ -62,6 +62,7 @@ static void set_in_full(page_t *pg, uint8_t v) { __atomic_store_n(&pg->in_full, 
 static void park(heap_t *h, unsigned c, page_t *pg) {
   if (h != &mld_exit_heap) h->stats.pages_parked++;   /* the exit heap's counters are summed nowhere */
   set_in_full(pg, 1);
+  pg->dry_seen = 0;   /* back on the class list, a page starts again with one turn at its tail */
   list_push_tail(&h->full[c], pg);
   /* Remote frees published before in_full was set asked for no sweep: one is due if any waits now. A send that
    * read its notice before in_full was set and publishes after this check asks for none either: that page waits
@@ -618,21 +619,27 @@ static page_t *heap_new_page(heap_t *h, unsigned c) {
 
 static page_t *heap_find_page(heap_t *h, unsigned c) {
   page_list_t *avail = &h->avail[c], *full = &h->full[c];
-  page_t *pg = avail->head;
-  /* No limit here: a page is parked at most once per return from the full list, so the walk is amortised. A page
-   * found with nothing free is parked at once, though its owner may free into it next (larson: two pages of a class
-   * taking turns): moving it to the list's tail instead, and parking it only when found so twice, ran 1.5% fewer
-   * instructions and was 2-6% slower at larson and the suite's succession (with `membarrier` calls where there were
-   * none: such pages of an idle owner are taken from outside under a barrier, not handed over; docs/PERFORMANCE.md,
-   * the twentieth pass of issue 39). */
-  while (pg) {
+  page_t *pg = avail->head, *first_moved = NULL;
+  /* A page found with nothing free goes to the list's tail the first time (dry_seen) and is parked only when a later
+   * refill finds it so again: a page its owner frees into while another is current (larson: two pages of a class
+   * taking turns) gets those blocks back on the unlocked fast path, with no park, no locked free and no unpark per
+   * turn. The walk stops at the first page it moved (each page looked at once); no other limit: a page is moved at
+   * most once and parked at most once per return to the list, so the walk is amortised. */
+  while (pg && pg != first_moved) {
     page_t *next = pg->next;
     if (mld_page_refill(pg)) {
+      pg->dry_seen = 0;
       if (pg != avail->head) { list_remove(avail, pg); list_push_head(avail, pg); }
       return pg;
     }
-    list_remove(avail, pg);                 /* nothing free: park it until remote frees arrive */
-    park(h, c, pg);
+    list_remove(avail, pg);
+    if (!pg->dry_seen) {
+      pg->dry_seen = 1;
+      list_push_tail(avail, pg);
+      if (!first_moved) first_moved = pg;
+    } else {
+      park(h, c, pg);                       /* nothing free twice: parked until frees arrive */
+    }
     pg = next;
   }
   /* Sweep the oldest full pages for remote frees before taking a new page: the first found with a free block (remote

@@ -24,6 +24,7 @@ void mld_page_init(page_t *pg, unsigned cls, heap_t *h) {
   pg->junk_free = (mld_opt.junk & MLD_JUNK_FREE) != 0;   /* owner frees take the slow path, which fills (api.c) */
   pg->keep_check = pg->slot_count > 1;
   pg->keep_on_empty = 0;
+  pg->dry_seen = 0;
   __atomic_store_n(&pg->is_current, 0, __ATOMIC_RELAXED);
   pg->next = pg->prev = NULL;
 #ifdef MALLARD_SECURE

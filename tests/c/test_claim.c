@@ -31,7 +31,7 @@ static void alloc_filled(void **b, size_t n, size_t size, uint64_t tag0) {
 }
 
 /* ---- take ---- */
-enum { TBLOCKS = 16384, TSIZE = 64 };   /* 16 pages of 1024 blocks: all but the current one parked */
+enum { TBLOCKS = 16384, TSIZE = 64 };   /* 16 pages of 1024 blocks: all but the last two parked */
 static void *tblk[TBLOCKS];
 static mt_stage_t tstage = MT_STAGE_INIT;   /* 1: the owner's blocks are ready; 2: the owner may exit */
 
@@ -75,15 +75,16 @@ static int run_take(void) {
 }
 
 /* ---- emptied ----
- * The owner fills 16 pages of 64-byte blocks (15 parked, the last its current page) and blocks; this thread frees every
- * block. Each parked page goes back to the arena as the batch with its last blocks is sent, before any thread
- * allocates: 15 pages given back, none claimed, the current page kept, and the bytes in pages in use down by 15 pages.
+ * The owner fills 16 pages of 64-byte blocks (14 parked; the 15th, found dry by one refill only, waits at its class
+ * list's tail; the 16th is its current page) and blocks; this thread frees every block. Each parked page goes back to
+ * the arena as the batch with its last blocks is sent, before any thread allocates: 14 pages given back, none claimed,
+ * the other two kept, and the bytes in pages in use down by 14 pages.
  * Run with background_thread:false: no sweep gives the pages back first. */
 static int run_emptied(void) {
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, take_owner, NULL) == 0, "pthread_create");
   mt_stage_wait(&tstage, 1);
-  enum { PAGES = TBLOCKS / 1024, PARKED = PAGES - 1 };
+  enum { PAGES = TBLOCKS / 1024, PARKED = PAGES - 2 };
   REQUIRE(((uintptr_t)tblk[0] >> 16) != ((uintptr_t)tblk[TBLOCKS - 1] >> 16), "the owner's blocks are in one page");
   uint64_t e0 = emptied(), c0 = claimed();
   size_t active0 = mt_ctl_size("stats.active");
@@ -109,9 +110,10 @@ static int run_emptied(void) {
 
 /* ---- current ---- */
 /* An owner's current page is never claimed, even with every block freed: its fast path allocates from it without the
- * lock. The owner fills exactly two pages (the first parked, the second still its current one); another thread frees
- * every block (the sends into the parked page flag the owner for claims) and then allocates two pages' worth of the
- * class: it claims the parked page, never the current one, and the owner's next blocks come from its own page. */
+ * lock. The owner fills exactly two pages (the first, found dry by one refill, at its class list's tail; the second
+ * still its current one); another thread frees every block (the sends into the page that is not current flag the owner
+ * for claims) and then allocates two pages' worth of the class: it claims the first page, never the current one, and
+ * the owner's next blocks come from its own page. */
 enum { CSIZE = 128, CPAGE = 512, CBLOCKS = 2 * CPAGE };   /* 512 blocks: one 64 KiB page */
 static void *cblk[CBLOCKS];
 
@@ -151,7 +153,7 @@ static int run_current(void) {
     REQUIRE(tblk[i], "malloc");
     in_current += in_pages(cblk + CBLOCKS - 1, 1, tblk[i]);
   }
-  CHECK(taken() == before + 1, "%llu pages left the owner, not its one parked page (the case tests nothing)",
+  CHECK(taken() == before + 1, "%llu pages left the owner, not its one page that is not current (the case tests nothing)",
         (unsigned long long)(taken() - before));
   CHECK(in_current == 0, "the owner's current page was claimed: %zu of our blocks are in it", in_current);
   mt_stage_set(&tstage, 2);
