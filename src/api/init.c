@@ -58,7 +58,7 @@ static void fork_child(void) {
   for (unsigned i = 0; i < n; i++) pthread_mutex_init(&mld_arenas[i]->lock, NULL);
   mld_heaps_fork_child();
   mld_purge_fork_child();
-  mld_os_barrier_register();   /* the child's address space starts unregistered; it runs one thread now */
+  mld_os_barrier_register();   /* one thread runs now: free here, for a kernel whose child does not inherit it */
 }
 
 #include "control/control.h"
