@@ -208,20 +208,23 @@ static MLD_NOINLINE void free_not_own(segment_t *seg, page_t *slot, void *p) {
   mld_huge_cache_age();
 }
 
-/* free() of a block whose slot's descriptor does not name the calling thread's heap. The common case first, with no
- * call and no register saved: a remote free of a block in a small page's first slot (no junk:free), into the batch
- * its page has in this thread's outbox (core.h mld_free_remote_fast). The descriptor cannot become ours meanwhile: only
- * this thread adopts pages into its heap. Everything else is free_not_own's. */
-static MLD_NOINLINE void free_other(segment_t *seg, page_t *slot, void *p) {
+/* free() of a block whose slot's descriptor does not name the calling thread's heap h. The common case first, with
+ * no call and no register saved: a remote free of a block in a small page's first slot (no junk:free), into the
+ * batch its page has in this thread's outbox (core.h mld_free_remote_fast). The descriptor cannot become ours
+ * meanwhile: only this thread adopts pages into its heap. Everything else is free_not_own's. A huge block's slot
+ * descriptor lies in its mapping's header, whose descriptors are never written (zero: PAGE_META, large.c), so the
+ * kind test sends huge blocks on without reading the segment's kind. */
+_Static_assert(PAGE_META == 0 && PAGE_SMALL != 0, "a huge mapping's zeroed descriptors never read as a small page");
+static MLD_NOINLINE void free_other(heap_t *h, page_t *slot, void *p) {
 #ifndef MALLARD_SECURE
-  /* A huge segment's header first: its block holds no descriptor to read. */
-  if (likely(seg->kind != SEG_HUGE) && likely(slot->offset == 0) && likely(slot->kind == PAGE_SMALL) &&
-      likely(!slot->junk_free)) {
-    mld_free_remote_fast(mld_tls_heap, slot, p);
+  if (likely(slot->offset == 0) && likely(slot->kind == PAGE_SMALL) && likely(!slot->junk_free)) {
+    mld_free_remote_fast(h, slot, p);
     return;
   }
+#else
+  (void)h;
 #endif
-  free_not_own(seg, slot, p);
+  free_not_own(segment_of(p), slot, p);
 }
 
 /* Our page's descriptor has owner_slow set (parked, or junk:free), read before its `heap`: the owner's slow path. A
@@ -264,7 +267,7 @@ static inline void dealloc(void *p) {
     /* Another thread's page is parked when its owner found it dry: a remote free goes on at once (xmalloc-test's
      * consumers: every free). */
     if (atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) free_flagged_own(p);
-    else free_other(seg, pg, p);
+    else free_other(h, pg, p);
     return;
   }
   mld_after_acquire_test();
@@ -272,7 +275,7 @@ static inline void dealloc(void *p) {
     owner_free(h, pg, p);
     return;
   }
-  free_other(seg, pg, p);
+  free_other(h, pg, p);
 }
 
 /* Usable size of a block we own, 0 (after a report) for a pointer we do not. */
