@@ -398,6 +398,8 @@ void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero) {
   if (!seg) {
     seg = mld_os_map_aligned(need, big ? align : MLD_SEGMENT_SIZE, mld_segment_hint(need, big ? align : MLD_SEGMENT_SIZE));
     if (!seg) { errno = ENOMEM; return NULL; }
+    /* A huge header's slot descriptors stay zero (PAGE_META) for the mapping's life, split pieces' too (memset in
+     * huge_cache_take): free() reads the one of the block's slot and takes a zero kind for "not a small page". */
     seg->kind = SEG_HUGE;
     seg->map_size = need;
     fresh = true;
