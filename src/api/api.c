@@ -527,10 +527,10 @@ static MLD_NOINLINE void *prof_alloc(size_t size, size_t align, bool zero, const
   (mld_prof_tick(size) ? prof_alloc((size), (align), (zero), __builtin_return_address(0)) : (expr))
 
 /* ---- the prefixed API ---- */
-MLD_EXPORT void *mallard_malloc(size_t size) { return PROF_ALLOC(size, MLD_MIN_ALIGN, false, alloc_hit_or_miss(size)); }
-MLD_EXPORT void mallard_free(void *p) { dealloc(p); }
+MLD_EXPORT MLD_HOT_ENTRY void *mallard_malloc(size_t size) { return PROF_ALLOC(size, MLD_MIN_ALIGN, false, alloc_hit_or_miss(size)); }
+MLD_EXPORT MLD_HOT_ENTRY void mallard_free(void *p) { dealloc(p); }
 
-MLD_EXPORT void *mallard_calloc(size_t n, size_t size) {
+MLD_EXPORT MLD_HOT_ENTRY void *mallard_calloc(size_t n, size_t size) {
   size_t total;
   if (unlikely(__builtin_mul_overflow(n, size, &total))) { errno = ENOMEM; return NULL; }
   return PROF_ALLOC(total, MLD_MIN_ALIGN, true, zalloc(total));
@@ -580,7 +580,7 @@ MLD_EXPORT void *mallard_pvalloc(size_t size) {
 }
 
 MLD_EXPORT size_t mallard_usable_size(const void *p) { return p ? usable_size(p, "malloc_usable_size") : 0; }
-MLD_EXPORT void mallard_free_sized(void *p, size_t size) { (void)size; dealloc(p); }
+MLD_EXPORT MLD_HOT_ENTRY void mallard_free_sized(void *p, size_t size) { (void)size; dealloc(p); }
 MLD_EXPORT void mallard_free_aligned_sized(void *p, size_t align, size_t size) { (void)align; (void)size; dealloc(p); }
 
 MLD_EXPORT size_t mallard_good_size(size_t size) { return good_size(size, MLD_MIN_ALIGN); }
@@ -720,8 +720,8 @@ static MLD_NOINLINE void *cxx_new_miss(size_t n, const void *nt, int form) {
     return likely(p_ != NULL) ? p_ : cxx_new_retry((size), (nt), (form));                                \
   } while (0)
 
-MLD_EXPORT void *_Znwm(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_W); }
-MLD_EXPORT void *_Znam(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_A); }
+MLD_EXPORT MLD_HOT_ENTRY void *_Znwm(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_W); }
+MLD_EXPORT MLD_HOT_ENTRY void *_Znam(size_t n) { CXX_NEW_PLAIN(n, NULL, CXX_NEW_A); }
 MLD_EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) { CXX_NEW_PLAIN(n, nt, CXX_NEW_W_NOTHROW); }
 MLD_EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) { CXX_NEW_PLAIN(n, nt, CXX_NEW_A_NOTHROW); }
 /* std::align_val_t is a size_t; C++ requires a power of two. */

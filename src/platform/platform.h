@@ -16,6 +16,10 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define MLD_NOINLINE __attribute__((noinline))
 #define MLD_CACHE_LINE 64
+/* The hot entry points (malloc, free, new, sized delete, calloc) start a cache line: their code's place in the line
+ * no longer moves with unrelated code elsewhere in the library (glibc-thread's rate moved x0.90-1.00 with a 16-byte
+ * shift of malloc and free on the AMD machine of docs/PERFORMANCE.md's thirty-first pass). */
+#define MLD_HOT_ENTRY __attribute__((aligned(MLD_CACHE_LINE)))
 /* The user address space the allocator covers (its ownership map, its largest request): x86-64's 47 bits; aarch64
  * Linux maps user memory below 2^48 (mmap goes higher only when asked, with a hint above it). */
 #if defined(__aarch64__)
