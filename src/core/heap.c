@@ -254,15 +254,24 @@ static void secure_check_empty(const page_t *pg) {
 }
 #endif
 
+/* A page leaves a heap: its class's release count in `st` (the heap's own, or the shared record for a thread that is not
+ * the owner), so that curpages (pages taken less pages released) counts the pages heaps hold. A page abandoned to its
+ * arena counts as released here and as taken again by its adopter (adopt_page): abandoned pages that a reap gives back
+ * empty were counted held for ever (larson/t4: four times the pages the classes held). Under the heap lock, but
+ * possibly by a sweep abandoning a dead thread's heap while mld_stats_sum reads it (relaxed loads): a relaxed load
+ * and store, so that the reader's snapshot is a race-free one. */
+static void count_released(heap_stats_t *st, const page_t *pg) {
+  uint64_t *rel = &st->cls[pg->size_class].npages_released;
+  if (st == &mld_orphan_stats) __atomic_fetch_add(rel, 1, __ATOMIC_RELAXED);
+  else __atomic_store_n(rel, __atomic_load_n(rel, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+}
+
 /* An empty page leaves the heap's lists: no block of it is live, nobody frees into it any more. */
 static void page_leave(heap_t *h, page_t *pg) {
 #ifdef MALLARD_SECURE
   secure_check_empty(pg);
 #endif
-  /* Under the heap lock, but possibly by a sweep abandoning a dead thread's heap while mld_stats_sum reads it
-   * (relaxed loads): a relaxed load and store, so that the reader's snapshot is a race-free one. */
-  uint64_t *rel = &h->stats.cls[pg->size_class].npages_released;
-  __atomic_store_n(rel, __atomic_load_n(rel, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+  count_released(&h->stats, pg);
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
 }
 
@@ -272,7 +281,7 @@ static void page_leave_shared(page_t *pg) {
 #ifdef MALLARD_SECURE
   secure_check_empty(pg);
 #endif
-  __atomic_fetch_add(&mld_orphan_stats.cls[pg->size_class].npages_released, 1, __ATOMIC_RELAXED);
+  count_released(&mld_orphan_stats, pg);
   atomic_store_explicit(&pg->heap, NULL, memory_order_relaxed);
 }
 
@@ -352,7 +361,10 @@ static void abandon_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
   set_in_full(pg, 0);
   mld_page_collect(pg);
   if (pg->used == 0) page_release(h, pg);
-  else mld_arena_abandon(segment_of(pg)->arena, pg);
+  else {
+    count_released(&h->stats, pg);
+    mld_arena_abandon(segment_of(pg)->arena, pg);
+  }
 }
 
 /* Collection: empty pages leave (the current one too when forced); full pages with frees return to the list. */
@@ -578,6 +590,7 @@ static page_t *claim_parked(heap_t *h, unsigned c, arena_t **taken) {
 static page_t *adopt_page(heap_t *h, arena_t *a, unsigned c) {
   page_t *pg;
   while ((pg = mld_arena_adopt(a, c, h)) != NULL) {
+    h->stats.cls[c].npages++;   /* released by the heap that abandoned or handed it over (count_released) */
     mld_page_collect(pg);
     if (pg->used == 0) mld_page_init(pg, c, h);   /* every block came back: start it afresh */
     if (mld_page_refill(pg)) {
@@ -899,6 +912,7 @@ static void hand_over(heap_t *h, unsigned c, page_t *pg) {
   list_remove(&h->full[c], pg);
   MLD_RACE_WINDOW();   /* out of its lists, still named by `heap`: the owner may be freeing into it meanwhile */
   __atomic_fetch_add(&mld_orphan_stats.pages_handed_over, 1, __ATOMIC_RELAXED);   /* the owner writes its own counters unlocked */
+  count_released(&mld_orphan_stats, pg);
   mld_arena_abandon(segment_of(pg)->arena, pg);   /* `heap` NULL with release; in_full stays 1 */
 }
 
@@ -947,6 +961,7 @@ static arena_t *take_from_idle(heap_t *o, unsigned c) {
     (void)__atomic_load_n(&pg->used, __ATOMIC_ACQUIRE);
     MLD_RACE_WINDOW();   /* parked from outside, still named by `heap`: the owner's frees into it wait for o's lock */
     __atomic_fetch_add(&mld_orphan_stats.pages_taken_idle, 1, __ATOMIC_RELAXED);
+    count_released(&mld_orphan_stats, pg);
     to = segment_of(pg)->arena;
     mld_arena_abandon(to, pg);   /* `heap` NULL with release; in_full stays 1 */
   }
