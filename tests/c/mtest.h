@@ -237,6 +237,24 @@ MT_CTL_READER(mt_ctl_u64, uint64_t)
 MT_CTL_READER(mt_ctl_unsigned, unsigned)
 MT_CTL_READER(mt_ctl_long, long)
 
+/* stats.classes.<cls>.<what>, summed over the heaps. */
+static inline uint64_t mt_class_stat(unsigned cls, const char *what) {
+  char name[96];
+  snprintf(name, sizeof name, "stats.classes.%u.%s", cls, what);
+  return mt_ctl_u64(name);
+}
+
+/* The size class that serves `size`: the first whose block size holds it. */
+static inline unsigned mt_class_of(size_t size) {
+  for (unsigned c = 0;; c++) {
+    char name[96];
+    snprintf(name, sizeof name, "stats.classes.%u.size", c);
+    size_t bs = 0, len = sizeof bs;
+    REQUIRE(MT_CTL(name, &bs, &len, NULL, 0) == 0, "no size class holds %zu bytes", size);
+    if (bs >= size) return c;
+  }
+}
+
 /* Heaps attached to arenas (live threads' heaps), summed over the arenas. */
 static inline unsigned mt_live_heaps(void) {
   unsigned n = 0, total = 0;

@@ -12,22 +12,7 @@ static void *blk[N];
 static unsigned cls;
 static mt_stage_t stage = MT_STAGE_INIT;   /* 1: the owner's blocks are ready; 2: it may return */
 
-static uint64_t cls_stat(const char *what) {
-  char name[96];
-  snprintf(name, sizeof name, "stats.classes.%u.%s", cls, what);
-  return mt_ctl_u64(name);
-}
-
-/* The size class that serves SIZE: the first whose block size holds it. */
-static unsigned class_of(size_t size) {
-  for (unsigned c = 0;; c++) {
-    char name[96];
-    snprintf(name, sizeof name, "stats.classes.%u.size", c);
-    size_t bs = 0, len = sizeof bs;
-    REQUIRE(MT_CTL(name, &bs, &len, NULL, 0) == 0, "no size class holds %zu bytes", size);
-    if (bs >= size) return c;
-  }
-}
+static uint64_t cls_stat(const char *what) { return mt_class_stat(cls, what); }
 
 static bool bound;   /* abandon: the owner binds itself to arena 0, so that its heap is abandoned when it exits */
 
@@ -61,7 +46,7 @@ int main(int argc, char **argv) {
   REQUIRE(argc == 2 && (!strcmp(argv[1], "abandon") || !strcmp(argv[1], "hand-over")), "usage: %s abandon|hand-over",
           argv[0]);
   bound = !strcmp(argv[1], "abandon");
-  cls = class_of(SIZE);
+  cls = mt_class_of(SIZE);
   uint64_t before = cls_stat("curpages"), taken0 = cls_stat("npages");
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, owner, NULL) == 0, "pthread_create");

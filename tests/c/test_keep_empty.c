@@ -8,22 +8,7 @@
 enum { SIZE = 100000, LOOPS = 2000 };   /* SIZE: a medium class whose pages are at least two 64 KiB slots */
 static unsigned cls;
 
-static uint64_t cls_stat(const char *what) {
-  char name[96];
-  snprintf(name, sizeof name, "stats.classes.%u.%s", cls, what);
-  return mt_ctl_u64(name);
-}
-
-/* The size class that serves SIZE: the first whose block size holds it. */
-static unsigned class_of(size_t size) {
-  for (unsigned c = 0;; c++) {
-    char name[96];
-    snprintf(name, sizeof name, "stats.classes.%u.size", c);
-    size_t bs = 0, len = sizeof bs;
-    REQUIRE(MT_CTL(name, &bs, &len, NULL, 0) == 0, "no size class holds %zu bytes", size);
-    if (bs >= size) return c;
-  }
-}
+static uint64_t cls_stat(const char *what) { return mt_class_stat(cls, what); }
 
 /* Fewer empties than a loop makes: every one gives the page back. */
 static void *rare(void *arg) {
@@ -62,7 +47,7 @@ static void *loop(void *arg) {
 
 int main(int argc, char **argv) {
   REQUIRE(argc == 2, "usage: %s rare|loop", argv[0]);
-  cls = class_of(SIZE);
+  cls = mt_class_of(SIZE);
   void *(*fn)(void *) = !strcmp(argv[1], "rare") ? rare : !strcmp(argv[1], "loop") ? loop : NULL;
   REQUIRE(fn, "unknown case %s", argv[1]);
   pthread_t t;
