@@ -266,6 +266,16 @@ static void count_released(heap_stats_t *st, const page_t *pg) {
   else __atomic_store_n(rel, __atomic_load_n(rel, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
 }
 
+/* A page still holding blocks leaves its heap for its arena's abandoned list (a thread's exit, a hand-over, a take from
+ * an idle owner): every such path counts its release here, in the shared record (the caller may not be the owner),
+ * and its adopter counts it taken again (adopt_page). Returns the arena. */
+static arena_t *abandon_to_arena(page_t *pg) {
+  arena_t *a = segment_of(pg)->arena;
+  count_released(&mld_orphan_stats, pg);
+  mld_arena_abandon(a, pg);   /* `heap` NULL with release */
+  return a;
+}
+
 /* An empty page leaves the heap's lists: no block of it is live, nobody frees into it any more. */
 static void page_leave(heap_t *h, page_t *pg) {
 #ifdef MALLARD_SECURE
@@ -361,10 +371,7 @@ static void abandon_page(heap_t *h, unsigned c, page_list_t *list, page_t *pg, b
   set_in_full(pg, 0);
   mld_page_collect(pg);
   if (pg->used == 0) page_release(h, pg);
-  else {
-    count_released(&h->stats, pg);
-    mld_arena_abandon(segment_of(pg)->arena, pg);
-  }
+  else abandon_to_arena(pg);
 }
 
 /* Collection: empty pages leave (the current one too when forced); full pages with frees return to the list. */
@@ -912,8 +919,7 @@ static void hand_over(heap_t *h, unsigned c, page_t *pg) {
   list_remove(&h->full[c], pg);
   MLD_RACE_WINDOW();   /* out of its lists, still named by `heap`: the owner may be freeing into it meanwhile */
   __atomic_fetch_add(&mld_orphan_stats.pages_handed_over, 1, __ATOMIC_RELAXED);   /* the owner writes its own counters unlocked */
-  count_released(&mld_orphan_stats, pg);
-  mld_arena_abandon(segment_of(pg)->arena, pg);   /* `heap` NULL with release; in_full stays 1 */
+  abandon_to_arena(pg);   /* in_full stays 1 */
 }
 
 /* Take from an idle live owner: pages of class c on o's class list (not current) that other threads have freed a
@@ -961,9 +967,7 @@ static arena_t *take_from_idle(heap_t *o, unsigned c) {
     (void)__atomic_load_n(&pg->used, __ATOMIC_ACQUIRE);
     MLD_RACE_WINDOW();   /* parked from outside, still named by `heap`: the owner's frees into it wait for o's lock */
     __atomic_fetch_add(&mld_orphan_stats.pages_taken_idle, 1, __ATOMIC_RELAXED);
-    count_released(&mld_orphan_stats, pg);
-    to = segment_of(pg)->arena;
-    mld_arena_abandon(to, pg);   /* `heap` NULL with release; in_full stays 1 */
+    to = abandon_to_arena(pg);   /* in_full stays 1 */
   }
   return to;
 }
