@@ -29,6 +29,10 @@
 #define MLD_SMALL_MAX 8192                                /* up to here: pages of one slot */
 #define MLD_MEDIUM_MAX (256 * 1024)                       /* up to here: size-class pages of several slots */
 #define MLD_LARGE_MAX (2 * 1024 * 1024)                   /* up to here: slot spans; above: huge mappings */
+/* A new block above this is a huge mapping of its own: the pages the program never touches (the unused tail of a
+ * buffer sized for the worst case) are never resident, where a span may lie on pages earlier blocks made resident.
+ * A block that realloc grows stays a span up to MLD_LARGE_MAX (grown in place without a system call). */
+#define MLD_HUGE_FROM (512 * 1024)
 #define MLD_NUM_CLASSES 52
 #define MLD_MAX_PAGE_SLOTS 16
 #define MLD_MEDIUM_PAGE_SLOTS 4                           /* fast variant: default medium pages at most this many slots */
@@ -617,7 +621,7 @@ MLD_HIDDEN void mld_stats_add(heap_stats_t *dst, const heap_stats_t *src);
   } while (0)
 
 /* large.c */
-MLD_HIDDEN void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero);
+MLD_HIDDEN void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero, size_t span_max);   /* above span_max: huge */
 MLD_HIDDEN void mld_large_free(heap_t *h, page_t *pg, void *p);
 MLD_HIDDEN void *mld_huge_alloc(heap_t *h, size_t size, size_t align, bool zero);
 MLD_HIDDEN bool mld_huge_layout(size_t size, size_t align, size_t *off, size_t *map, size_t *usable);

@@ -116,12 +116,12 @@ uint64_t mld_large_quarantine_due(void) {
 }
 
 /* ---- large: spans of 64 KiB slots ---- */
-void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero) {
+void *mld_large_alloc(heap_t *h, size_t size, size_t align, bool zero, size_t span_max) {
   if (unlikely(size > MLD_MAX_REQUEST || align > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }
   size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0;   /* slot starts are 64 KiB aligned */
   if (size == 0) size = 1;   /* the aligned pointer must still lie inside the span */
   size_t span;
-  if (size > MLD_LARGE_MAX || !mld_add(size, extra, &span) || span > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
+  if (size > span_max || !mld_add(size, extra, &span) || span > (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
     return mld_huge_alloc(h, size, align, zero);
   size_t slots = (span + MLD_SLOT_SIZE - 1) >> MLD_SLOT_SHIFT;
 #ifdef MALLARD_SECURE
