@@ -64,6 +64,9 @@ rlimit_tests='^pprof_errors$'
 # the child, whose first thread creation then hangs for ever, with any malloc (tests/c/test_model.c's side threads
 # create threads while another forks, and its children start a thread). With MALLARD_TEST_QEMU set, test_model
 # forks only while no thread starts or ends (docs/PLATFORMS.md); a test_model without that stays out.
+# mincore (q64k only): qemu passes the guest's mincore to the host as it is, and the host writes one byte per 4 KiB
+# page into a vector the program sized for its 64 KiB pages (past its end), so residency cannot be read there.
+q64k_tests_out='^c_huge_from_untouched_'
 export MALLARD_TEST_QEMU=1
 exclude="$rss_tests|$placement_tests|$robust_tests|$rlimit_tests"
 grep -q MALLARD_TEST_QEMU tests/c/test_model.c || exclude="$exclude|^c_model_"
@@ -151,8 +154,11 @@ for run in $runs; do
       # qemu -p sets the page the program sees (QEMU 7.2); where it does not, this run would only repeat 4k.
       out=$(QEMU_PAGESIZE=65536 "$qemu" -L "$sysroot" "$sysroot/lib/ld-linux-aarch64.so.1" --list-diagnostics 2>/dev/null)
       if grep -q '^dl_pagesize=0x10000$' <<<"$out"; then
+        all_out=$exclude
+        exclude="$exclude|$q64k_tests_out"
         # shellcheck disable=SC2046
         QEMU_PAGESIZE=65536 suite q64k build-aarch64 $(selection)
+        exclude=$all_out
       else
         note="$note; q64k skipped: $qemu ignores -p (QEMU_PAGESIZE)"
       fi ;;

@@ -12,15 +12,15 @@
 
 static size_t large_active(void) { return mt_ctl_size("stats.arenas.0.large_active"); }
 
-/* Bytes of [p, p + n) resident now (mincore over the OS pages it touches). */
+/* Bytes of [p, p + n) resident now (mincore over the OS pages it touches; n at most 1 MiB). The vector has room for
+ * 4 KiB pages whatever the page: no other malloc is called (the prefix build's would be glibc's). */
 static size_t resident_bytes(const void *p, size_t n) {
+  static unsigned char vec[(1u << 20) / 4096 + 2];
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = ((uintptr_t)p + n + page - 1) & ~(page - 1);
   size_t pages = (hi - lo) / page, in = 0;
-  unsigned char *vec = calloc(pages, 1);
-  REQUIRE(vec && mincore((void *)lo, hi - lo, vec) == 0, "mincore");
+  REQUIRE(n <= (1u << 20) && mincore((void *)lo, hi - lo, vec) == 0, "mincore");
   for (size_t i = 0; i < pages; i++) in += vec[i] & 1;
-  free(vec);
   return in * page;
 }
 
