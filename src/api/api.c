@@ -74,8 +74,8 @@ static MLD_NOINLINE void *alloc_span_or_huge(size_t size, size_t align, bool zer
   return p;
 }
 
-/* A new block beyond the size classes: huge above MLD_HUGE_FROM. */
-static void *alloc_big(size_t size, size_t align, bool zero) { return alloc_span_or_huge(size, align, zero, MLD_HUGE_FROM); }
+/* A new block beyond the size classes: huge above MLD_LARGE_MAX. */
+static void *alloc_big(size_t size, size_t align, bool zero) { return alloc_span_or_huge(size, align, zero, MLD_LARGE_MAX); }
 
 /* Small and medium requests take a size class (mld_class_request: room for the secure variant's canary). */
 static MLD_NOINLINE void *alloc_not_small(size_t size) {
@@ -334,7 +334,7 @@ static size_t good_size(size_t size, size_t align) {
   if (c < MLD_NUM_CLASSES) return mld_block_usable(mld_class_size[c]);
   if (size == 0) size = 1;
   size_t extra = align > MLD_SLOT_SIZE ? align - MLD_SLOT_SIZE : 0, span, off;
-  if (size <= MLD_HUGE_FROM && mld_add(size, extra, &span) && span <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
+  if (size <= MLD_LARGE_MAX && mld_add(size, extra, &span) && span <= (size_t)MLD_USABLE_SLOTS * MLD_SLOT_SIZE)
     return round_to(span, MLD_SLOT_SIZE) - extra;
   size_t map, usable;
   return mld_huge_layout(size, align, &off, &map, &usable) ? usable : 0;
@@ -357,11 +357,11 @@ static void *zalloc(size_t total) { return zalloc_aligned(MLD_MIN_ALIGN, total);
 static void *prof_alloc(size_t size, size_t align, bool zero, const void *ra);
 
 /* A new block of `size` bytes for realloc: the sampling countdown counts it (a realloc that stays in place does not
- * count, as it allocates nothing). ra: the return address into realloc's caller. grown: the block replaces a smaller
- * one, so it stays a span up to MLD_LARGE_MAX (a growing block's next growths are then in place, no system call). */
-static void *realloc_new(size_t size, const void *ra, bool grown) {
+ * count, as it allocates nothing). ra: the return address into realloc's caller. start: realloc(NULL, size), the
+ * first block of a buffer the program means to grow, which above MLD_HUGE_FROM is a mapping of its own (core.h). */
+static void *realloc_new(size_t size, const void *ra, bool start) {
   if (mld_prof_tick(size)) return prof_alloc(size, MLD_MIN_ALIGN, false, ra);
-  if (grown && size > MLD_HUGE_FROM && size <= MLD_LARGE_MAX) return alloc_span_or_huge(size, MLD_MIN_ALIGN, false, MLD_LARGE_MAX);
+  if (start && size > MLD_HUGE_FROM && size <= MLD_LARGE_MAX) return alloc_span_or_huge(size, MLD_MIN_ALIGN, false, MLD_HUGE_FROM);
   return alloc(size);
 }
 
@@ -395,7 +395,7 @@ static size_t large_growth(size_t size, size_t old) {
 }
 
 static void *reallocate(void *p, size_t size, const void *ra) {
-  if (!p) return realloc_new(size, ra, false);
+  if (!p) return realloc_new(size, ra, true);
   if (size == 0) { dealloc(p); return NULL; }   /* glibc: realloc(p, 0) frees p and returns NULL */
   if (unlikely(size > MLD_MAX_REQUEST)) { errno = ENOMEM; return NULL; }   /* the block stays as it was */
   segment_t *seg = segment_of(p);
@@ -405,7 +405,7 @@ static void *reallocate(void *p, size_t size, const void *ra) {
       if (p != seg->user) { mld_report_invalid("realloc", p); errno = ENOMEM; return NULL; }
       old = seg->user_size;
 #ifndef MALLARD_SECURE
-      if (size > MLD_HUGE_FROM) {   /* a huge block stays one while it is larger than a new block would be a span */
+      if (size > MLD_HUGE_FROM) {   /* a huge block stays one while realloc(NULL) would make one of that size */
         prof_rec_t rec;   /* a sampled block's record moves with it (out first: p's range may be reused at once) */
         bool sampled = mld_prof_detach(p, &rec);
         if (unlikely(mld_opt.junk)) junk_given_up(p, size, old);
@@ -465,7 +465,7 @@ static void *reallocate(void *p, size_t size, const void *ra) {
     old = s->user_size;
   }
   if (want == size) want = large_growth(size, old);   /* a block moving into or within the large range */
-  void *q = realloc_new(want, ra, want > old);
+  void *q = realloc_new(want, ra, false);
   if (!q) return NULL;   /* the old block stays valid, as the standard requires */
   memcpy(q, p, old < size ? old : size);
   dealloc(p);

@@ -29,9 +29,9 @@
 #define MLD_SMALL_MAX 8192                                /* up to here: pages of one slot */
 #define MLD_MEDIUM_MAX (256 * 1024)                       /* up to here: size-class pages of several slots */
 #define MLD_LARGE_MAX (2 * 1024 * 1024)                   /* up to here: slot spans; above: huge mappings */
-/* A new block above this is a huge mapping of its own: the pages the program never touches (the unused tail of a
- * buffer sized for the worst case) are never resident, where a span may lie on pages earlier blocks made resident.
- * A block that realloc grows stays a span up to MLD_LARGE_MAX (grown in place without a system call). */
+/* realloc(NULL, n) above this starts a growable buffer in a huge mapping of its own: the pages the program has not
+ * filled yet are never resident, where a span may lie on pages earlier blocks made resident. malloc's blocks stay
+ * spans up to MLD_LARGE_MAX: usually written whole, they are best on dirty spans (docs/DESIGN.md). */
 #define MLD_HUGE_FROM (512 * 1024)
 #define MLD_NUM_CLASSES 52
 #define MLD_MAX_PAGE_SLOTS 16

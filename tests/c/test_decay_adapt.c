@@ -10,14 +10,12 @@
  *   resident   a dirty span freed beside a purged one stays apart: stats.dirty counts resident memory only;
  *   moved      narenas:2: the memory is purged and unmapped in arena 0 and faulted in again by the same thread, now
  *              in arena 1 (threads move between automatic arenas under contention): a refault all the same.
- * Large blocks (512 KiB: arena spans; a new block above MLD_HUGE_FROM would be a huge mapping), the purging thread on
- * (the default). */
+ * Large blocks (1 MiB: arena spans), the purging thread on (the default). */
 #include "mtest.h"
 #include <stdbool.h>
 
 #define MiB ((size_t)1024 * 1024)
-#define BLK (MiB / 2)
-#define NBLK 16   /* 8 MiB */
+#define NBLK 8
 
 static void *blk[NBLK];
 
@@ -25,9 +23,9 @@ static long decay_now(void) { return mt_ctl_long("stats.dirty_decay_ms"); }
 
 static void alloc_all(uint64_t tag) {
   for (int i = 0; i < NBLK; i++) {
-    blk[i] = M_malloc(BLK);
-    REQUIRE(blk[i], "malloc(512 KiB)");
-    mt_fill(blk[i], BLK, tag + (uint64_t)i);   /* resident, through an opaque fill */
+    blk[i] = M_malloc(MiB);
+    REQUIRE(blk[i], "malloc(1 MiB)");
+    mt_fill(blk[i], MiB, tag + (uint64_t)i);   /* resident, through an opaque fill */
   }
 }
 
@@ -68,7 +66,7 @@ static void case_lengthen(void) {
   free_all();
   usleep(1200 * 1000);   /* a pause 4 times the one that refaulted: purged by now under 1.5 times that gap */
   size_t dirty = mt_ctl_size("stats.dirty");
-  CHECK(dirty >= NBLK * BLK, "only %zu bytes dirty 1.2 s after freeing 8 MiB under a %ld ms decay", dirty, d);
+  CHECK(dirty >= NBLK * MiB, "only %zu bytes dirty 1.2 s after freeing 8 MiB under a %ld ms decay", dirty, d);
   double w = wait_dirty_below(MiB, (double)d / 1000.0 + 5.0);
   printf("lengthen: purged %.2f s after the 1.2 s check\n", w);
   CHECK(w >= 0, "memory freed under the lengthened decay not purged within it and 5 s");
@@ -120,19 +118,19 @@ static void case_forced(void) {
 
 static void case_resident(void) {
   alloc_all(3);   /* kept: 8 MiB mapped start the purging thread (background.c BG_START_BYTES) */
-  void *a = M_malloc(BLK), *b = M_malloc(BLK);
+  void *a = M_malloc(MiB), *b = M_malloc(MiB);
   REQUIRE(a && b, "malloc");
-  mt_fill(a, BLK, 7);
-  mt_fill(b, BLK, 8);
+  mt_fill(a, MiB, 7);
+  mt_fill(b, MiB, 8);
   M_free(a);
   size_t d1 = mt_ctl_size("stats.dirty");   /* pages kept by the thread's page cache count as dirty too */
-  REQUIRE(d1 >= BLK, "%zu bytes dirty after freeing 512 KiB", d1);
-  REQUIRE(wait_dirty_below(d1 - BLK, 5.0) >= 0, "512 KiB freed not purged within 5 s");
+  REQUIRE(d1 >= MiB, "%zu bytes dirty after freeing 1 MiB", d1);
+  REQUIRE(wait_dirty_below(d1 - MiB, 5.0) >= 0, "1 MiB freed not purged within 5 s");
   size_t d2 = mt_ctl_size("stats.dirty");
   M_free(b);   /* beside a's purged span, or the segment's untouched rest: neither may join it */
   size_t d3 = mt_ctl_size("stats.dirty");
-  printf("resident: dirty %zu -> %zu bytes after freeing 512 KiB beside purged memory\n", d2, d3);
-  CHECK(d3 >= d2 + BLK && d3 <= d2 + BLK + BLK / 4, "dirty grew by %zd bytes for 512 KiB freed", (ssize_t)(d3 - d2));
+  printf("resident: dirty %zu -> %zu bytes after freeing 1 MiB beside purged memory\n", d2, d3);
+  CHECK(d3 >= d2 + MiB && d3 <= d2 + MiB + MiB / 4, "dirty grew by %zd bytes for 1 MiB freed", (ssize_t)(d3 - d2));
   free_all();
 }
 

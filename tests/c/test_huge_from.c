@@ -1,8 +1,9 @@
-/* test_huge_from.c — a new block above MLD_HUGE_FROM (512 KiB) is a mapping of its own; a block grown there stays a span:
- *   untouched  dirty spans wait in the arena (8 blocks of 512 KiB written and freed); a new 800 KiB block of which
- *              64 KiB are written holds about 64 KiB resident, not 800 KiB of pages earlier blocks made resident;
- *   bounds     a new 512 KiB block is a span of the arena (large_active), one of 512 KiB + 1 is not, and stays a
- *              mapping through realloc to 1 MiB and back to 600 KiB (shrunk where it is);
+/* test_huge_from.c — realloc(NULL, n) above MLD_HUGE_FROM (512 KiB) starts a growable buffer in a mapping of its own:
+ *   untouched  dirty spans wait in the arena (8 blocks of 512 KiB written and freed); realloc(NULL, 800 KiB), of which
+ *              64 KiB are written, holds about 64 KiB resident, not 800 KiB of pages earlier blocks made resident;
+ *              malloc(800 KiB) is a span (on the dirty spans: a block malloc asks for is usually written whole);
+ *   bounds     realloc(NULL, 512 KiB) is a span of the arena (large_active), realloc(NULL, 512 KiB + 1) is not, and
+ *              stays a mapping through realloc to 1 MiB and back to 600 KiB (shrunk where it is);
  *   grown      a 400 KiB span grown by realloc to 600 KiB (in place), 1 MiB (moved: its neighbour was taken) and
  *              1.9 MiB stays a span (later growths in place, no system call), and its contents move with it. */
 #include "mtest.h"
@@ -34,8 +35,13 @@ static void case_untouched(void) {
   for (int i = 0; i < 8; i++) M_free(b[i]);
   size_t dirty = mt_ctl_size("stats.dirty");
   REQUIRE(dirty >= 4096 * KiB, "only %zu bytes dirty after freeing 4 MiB written", dirty);
-  unsigned char *p = M_malloc(800 * KiB);
-  REQUIRE(p, "malloc(800 KiB)");
+  size_t a0 = large_active();
+  unsigned char *m = M_malloc(800 * KiB);
+  REQUIRE(m, "malloc(800 KiB)");
+  CHECK(large_active() >= a0 + 800 * KiB, "malloc(800 KiB) is not a span (large_active %zu -> %zu)", a0, large_active());
+  M_free(m);
+  unsigned char *p = M_realloc(NULL, 800 * KiB);
+  REQUIRE(p, "realloc(NULL, 800 KiB)");
   mt_fill(p, 64 * KiB, 99);
   size_t res = resident_bytes(p, 800 * KiB);
   printf("untouched: %zu KiB of the 800 KiB block resident with 64 KiB written (%zu KiB dirty in the arena)\n",
@@ -48,14 +54,14 @@ static void case_untouched(void) {
 
 static void case_bounds(void) {
   size_t a0 = large_active();
-  void *s = M_malloc(512 * KiB);
-  REQUIRE(s, "malloc(512 KiB)");
+  void *s = M_realloc(NULL, 512 * KiB);
+  REQUIRE(s, "realloc(NULL, 512 KiB)");
   size_t a1 = large_active();
-  CHECK(a1 >= a0 + 512 * KiB, "a new 512 KiB block is not a span of arena 0 (large_active %zu -> %zu)", a0, a1);
-  unsigned char *h = M_malloc(512 * KiB + 1);
-  REQUIRE(h, "malloc(512 KiB + 1)");
+  CHECK(a1 >= a0 + 512 * KiB, "realloc(NULL, 512 KiB) is not a span of arena 0 (large_active %zu -> %zu)", a0, a1);
+  unsigned char *h = M_realloc(NULL, 512 * KiB + 1);
+  REQUIRE(h, "realloc(NULL, 512 KiB + 1)");
   size_t a2 = large_active();
-  CHECK(a2 == a1, "a new block of 512 KiB + 1 is a span (large_active %zu -> %zu)", a1, a2);
+  CHECK(a2 == a1, "realloc(NULL, 512 KiB + 1) is a span (large_active %zu -> %zu)", a1, a2);
   memset(h, 0x3a, 512 * KiB + 1);
   unsigned char *h2 = M_realloc(h, 1024 * KiB);   /* a huge block stays one: resized where it is, or moved whole */
   REQUIRE(h2, "realloc(1 MiB)");

@@ -35,19 +35,19 @@ static void merged_huge(void) {
   M_free(keep);
 }
 
-/* A free span's inner slots keep the marks of the span they belonged to: a 512 KiB block freed, then 320 KiB
+/* A free span's inner slots keep the marks of the span they belonged to: a 640 KiB block freed, then 320 KiB
  * taken from the same place. The freed slots behind the new block are nobody's. */
 static void stale_span_marks(void) {
-  uint8_t *x = M_malloc(512 * KiB - 64);   /* 8 slots (a new block above 512 KiB would be a huge mapping) */
-  uint8_t *pin = M_malloc(512 * KiB - 64); /* keeps the arena's other free space apart from x's span */
-  REQUIRE(x && pin, "malloc(512 KiB)");
+  uint8_t *x = M_malloc(640 * KiB - 64);   /* 10 slots */
+  uint8_t *pin = M_malloc(640 * KiB - 64); /* keeps the arena's other free space apart from x's span */
+  REQUIRE(x && pin, "malloc(640 KiB)");
   M_free(x);
   uint8_t *y = M_malloc(320 * KiB - 64);   /* 5 slots: best fit puts it where x was */
   REQUIRE(y, "malloc(320 KiB)");
-  REQUIRE(y == x, "the 320 KiB block %p did not land where the 512 KiB one was (%p)", (void *)y, (void *)x);
+  REQUIRE(y == x, "the 320 KiB block %p did not land where the 640 KiB one was (%p)", (void *)y, (void *)x);
   CHECK(MT_OWNS(y) && MT_OWNS(y + 320 * KiB - 65), "owns(the 320 KiB block) false");
-  for (size_t s = 5; s < 8; s++)
-    CHECK(!MT_OWNS(x + s * 64 * KiB + 100), "owns(free slot %zu of the old 512 KiB span) true", s);
+  for (size_t s = 5; s < 10; s++)
+    CHECK(!MT_OWNS(x + s * 64 * KiB + 100), "owns(free slot %zu of the old 640 KiB span) true", s);
   M_free(y);
   M_free(pin);
 }

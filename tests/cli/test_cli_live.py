@@ -16,7 +16,7 @@ import pytest
 from cc import build
 
 N_SMALL, S_SMALL = 10000, 48  # size class 48 B
-N_LARGE, S_LARGE = 20, 500000  # large blocks (new ones: 256 KiB .. 512 KiB)
+N_LARGE, S_LARGE = 20, 600000  # large blocks (256 KiB .. 2 MiB)
 N_HUGE, S_HUGE = 3, 3 << 20  # huge mappings
 HOLD = ["hold", str(N_SMALL), str(S_SMALL), str(N_LARGE), str(S_LARGE), str(N_HUGE), str(S_HUGE)]
 
@@ -370,7 +370,7 @@ def test_hostile_library_is_never_loaded(mallard, workload, hostile, tmp_path, m
     # no fake report): it reads the root with its own reader, and refuses it in one line.
     marker = tmp_path / "marker"
     env = dict(mallard.env, LD_PRELOAD=hostile, LIVE_HOSTILE_MARKER=str(marker), LIVE_HOSTILE_ROOT=mode)
-    with Proc([workload, "hold", "10", "48", "1", "500000", "0", "0"], env) as w:
+    with Proc([workload, "hold", "10", "48", "1", "600000", "0", "0"], env) as w:
         for cmd in (["stats"], ["stats", "--json"], ["top", "--iterations", "1"]):
             r = mallard(*cmd, str(w.pid), env={"LIVE_HOSTILE_MARKER": str(marker)}, timeout=60)
             assert r.returncode == 1, r

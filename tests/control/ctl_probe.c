@@ -167,12 +167,12 @@ static void *bound_thread(void *arg) {
   snprintf(name, sizeof name, "stats.arenas.%u.segments", idx);
   mallard_ctl(name, &segs, &len, NULL, 0);
   CHECK(segs == 0, "new arena starts empty (%llu)", (unsigned long long)segs);
-  void *p = mallard_malloc(64), *q = mallard_malloc(512 << 10);   /* a span (above 512 KiB: a huge mapping) */
+  void *p = mallard_malloc(64), *q = mallard_malloc(1 << 20);
   mallard_ctl(name, &segs, &len, NULL, 0);
   snprintf(name, sizeof name, "stats.arenas.%u.large_active", idx);
   mallard_ctl(name, &large, &len, NULL, 0);
   CHECK(segs >= 1, "the bound arena now has segments (%llu)", (unsigned long long)segs);
-  CHECK(large >= (512 << 10), "the large block is in the bound arena (%llu)", (unsigned long long)large);
+  CHECK(large >= (1 << 20), "the large block is in the bound arena (%llu)", (unsigned long long)large);
   unsigned nt; len = sizeof nt;
   snprintf(name, sizeof name, "stats.arenas.%u.nthreads", idx);
   mallard_ctl(name, &nt, &len, NULL, 0);

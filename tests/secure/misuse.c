@@ -629,20 +629,20 @@ int main(int argc, char **argv) {
     fflush(stdout);
     slab_guard_overflow();
   } else if (!strcmp(m, "large-reused-guard")) {
-    /* 30 blocks of 512 KiB (large: a new block above it is a huge mapping) freed: all but the quarantine's 8 go
-     * back to the arena closed, and every free span that can hold 512 KiB is one of them (or made of them). Then
-     * one written whole (the arena opened it) and overflowed by 100 bytes (its guard slot was kept closed). */
+    /* 30 blocks of 1 MiB freed: all but the quarantine's 8 go back to the arena closed, and every free span that
+     * can hold 1 MiB is one of them (or made of them). Then one written whole (the arena opened it) and
+     * overflowed by 100 bytes (its guard slot was kept closed). */
     void *old[30];
-    for (int i = 0; i < 30; i++) old[i] = opaque(malloc(512u << 10));
+    for (int i = 0; i < 30; i++) old[i] = opaque(malloc(1u << 20));
     for (int i = 0; i < 30; i++) free(old[i]);
-    char *q = malloc(512u << 10);
+    char *q = malloc(1u << 20);
     opaque_memset(q, 0x41, malloc_usable_size(q));
     printf("filled\n");
     fflush(stdout);
     opaque_memset(q, 0x41, malloc_usable_size(q) + 100);
   } else if (!strcmp(m, "large-guard")) {
-    char *q = malloc(512u << 10);
-    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);   /* 100 bytes past a 512 KiB (large) block */
+    char *q = malloc(1u << 20);
+    opaque_memset(q, 0x41, malloc_usable_size(q) + 100);   /* 100 bytes past a 1 MiB block */
   } else if (!strcmp(m, "large-realloc-guard")) {
     /* Large blocks resized (in place where the next span is free) keep their guard right after them. */
     char *q = malloc(400u << 10);
@@ -691,13 +691,13 @@ int main(int argc, char **argv) {
     printf("%d\n", again);
     return 0;
   } else if (!strcmp(m, "quarantine-idle") || !strcmp(m, "quarantine-idle-1")) {
-    /* Frees 8 (or 1) written 512 KiB large blocks (the test sets large_quarantine:8), then idles 1.5 s; prints the
+    /* Frees 8 (or 1) written 1 MiB large blocks (the test sets large_quarantine:8), then idles 1.5 s; prints the
      * resident KiB just after the frees and after the idle time: the purging thread should give quarantined blocks
      * back once they are older than dirty_decay_ms, as it gives back dirty spans (one block alone evicts nothing:
      * only the quarantine itself can wake the thread for it). */
     void *b[8];
     int n = strcmp(m, "quarantine-idle") ? 1 : 8;
-    for (int i = 0; i < n; i++) opaque_memset(b[i] = malloc(512u << 10), 0x33, 512u << 10);
+    for (int i = 0; i < n; i++) opaque_memset(b[i] = malloc(1u << 20), 0x33, 1u << 20);
     for (int i = 0; i < n; i++) free(b[i]);
     long before = resident_kib();
     usleep(1500 * 1000);
