@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include "mallard.h"
 
@@ -223,6 +224,19 @@ static inline long mt_wait_rss(long limit, double secs) {
 
 /* "Back near the start": 10% of the starting RSS plus `slack_kb`. */
 static inline long mt_rss_limit(long rss0, long slack_kb) { return rss0 + rss0 / 10 + slack_kb; }
+
+/* OS pages of [p, p + len) resident now (mincore over the pages it touches; at most 2 MiB and its two end pages);
+ * *total: the pages looked at. No malloc (the prefix build's would be glibc's); the vector has a byte per 4 KiB
+ * whatever the page (qemu-user at a larger emulated page has the host fill one byte per 4 KiB page). */
+static inline size_t mt_resident_pages(const void *p, size_t len, size_t *total) {
+  static unsigned char vec[(2 * 1024 * 1024 + 2 * 65536) / 4096];
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE), in = 0;
+  uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(pg - 1), hi = ((uintptr_t)p + len + pg - 1) & ~(uintptr_t)(pg - 1);
+  REQUIRE(hi - lo <= sizeof vec * 4096 && mincore((void *)lo, hi - lo, vec) == 0, "mincore");
+  *total = (hi - lo) / pg;
+  for (size_t i = 0; i < *total; i++) in += vec[i] & 1;
+  return in;
+}
 
 /* mallard_ctl reads of one type: the name must exist and answer with exactly that size. */
 #define MT_CTL_READER(fn, T)                                                                      \

@@ -7,23 +7,10 @@
  *   grown      a 400 KiB span grown by realloc to 600 KiB (in place), 1 MiB (moved: its neighbour was taken) and
  *              1.9 MiB stays a span (later growths in place, no system call), and its contents move with it. */
 #include "mtest.h"
-#include <sys/mman.h>
 
 #define KiB ((size_t)1024)
 
 static size_t large_active(void) { return mt_ctl_size("stats.arenas.0.large_active"); }
-
-/* Bytes of [p, p + n) resident now (mincore over the OS pages it touches; n at most 1 MiB). The vector has room for
- * 4 KiB pages whatever the page: no other malloc is called (the prefix build's would be glibc's). */
-static size_t resident_bytes(const void *p, size_t n) {
-  static unsigned char vec[(1u << 20) / 4096 + 2];
-  size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = ((uintptr_t)p + n + page - 1) & ~(page - 1);
-  size_t pages = (hi - lo) / page, in = 0;
-  REQUIRE(n <= (1u << 20) && mincore((void *)lo, hi - lo, vec) == 0, "mincore");
-  for (size_t i = 0; i < pages; i++) in += vec[i] & 1;
-  return in * page;
-}
 
 static void case_untouched(void) {
   void *b[8];
@@ -43,7 +30,7 @@ static void case_untouched(void) {
   unsigned char *p = M_realloc(NULL, 800 * KiB);
   REQUIRE(p, "realloc(NULL, 800 KiB)");
   mt_fill(p, 64 * KiB, 99);
-  size_t res = resident_bytes(p, 800 * KiB);
+  size_t total, res = mt_resident_pages(p, 800 * KiB, &total) * (size_t)sysconf(_SC_PAGESIZE);
   printf("untouched: %zu KiB of the 800 KiB block resident with 64 KiB written (%zu KiB dirty in the arena)\n",
          res / KiB, dirty / KiB);
   /* 64 KiB written, plus the OS page each end may share with the block's header or neighbour */

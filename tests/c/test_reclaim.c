@@ -152,14 +152,6 @@ static void case_apart(void) {
 
 /* ---- dirty_first: a span is taken from resident (dirty) memory before purged memory is faulted in again ---- */
 enum { SLOT = 64 * 1024 };
-static size_t resident_pages(const void *p, size_t len, size_t *total) {
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = len / pg, in = 0;
-  static unsigned char vec[2 * 1024 * 1024 / 4096];
-  REQUIRE(n <= sizeof vec && mincore((void *)p, len, vec) == 0, "mincore");
-  for (size_t i = 0; i < n; i++) in += vec[i] & 1;
-  *total = n;
-  return in;
-}
 /* A purged span of exactly the size asked (best fit) against a larger dirty one: the dirty one serves, so the block is
  * resident before it is written. */
 static void case_dirty_first(void) {
@@ -173,7 +165,7 @@ static void case_dirty_first(void) {
   M_free(c);                                                                       /* c's: dirty, 30 slots */
   uint8_t *x = M_malloc(20 * SLOT);
   REQUIRE(x, "malloc(20 slots)");
-  size_t total, in = resident_pages(x, 20 * SLOT, &total);
+  size_t total, in = mt_resident_pages(x, 20 * SLOT, &total);
   printf("dirty_first: a 20-slot block after a purged 20-slot span and a dirty 30-slot one: %zu of %zu pages resident "
          "(%s)\n", in, total, x == c ? "the dirty span" : x == a ? "the purged span" : "elsewhere");
   CHECK(in * 10 >= total * 9, "the block came from memory not resident (%zu of %zu pages): purged before dirty", in, total);

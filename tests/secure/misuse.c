@@ -88,6 +88,8 @@ static void report_duplicates_many(size_t size, int n) {
 
 /* Keep the compiler from reasoning about the misuse (it would warn, or drop the code). */
 static void *opaque(void *p) { sink = p; return sink; }
+/* memset through a volatile pointer: the compiler cannot prove the stores dead before a free and drop them. */
+static void *(*volatile opaque_memset)(void *, int, size_t) = memset;
 /* The usable bytes written, then the one byte past them changed: a canary sees only a write that changes it, and a
  * fixed byte (0x41) equals the canary's first byte in 1 run of 256 ("not detected" then, with nothing missed: the
  * memory holds what it held). Read first through opaque, as a program's over-read would. */
@@ -95,11 +97,9 @@ static void overflow_one_byte(char *p) {
   size_t u = malloc_usable_size(p);
   volatile char *q = opaque(p);
   char past = q[u];
-  memset(opaque(p), 0x41, u);
+  opaque_memset(p, 0x41, u);
   q[u] = (char)~past;
 }
-/* memset through a volatile pointer: the compiler cannot prove the stores dead before a free and drop them. */
-static void *(*volatile opaque_memset)(void *, int, size_t) = memset;
 
 /* Resident memory of this process in KiB (/proc/self/statm's second field, in pages); -1 if unreadable. */
 static long resident_kib(void) {
