@@ -1,9 +1,13 @@
 /* guard_stress.c — sampled guarded allocations under threads: blocks (many guarded, at a high rate and with few slots
  * so that slots are reused all the time) are handed between threads through a shared table and checked and freed
  * by whichever thread takes them (cross-thread frees), some grown by realloc; a fork in the middle must allocate in
- * the child (not under ThreadSanitizer). Prefixed API (mallard-prefix / mallard-secure-prefix); run under ThreadSanitizer by the tsan build. */
+ * the child (not under ThreadSanitizer). Prefixed API (mallard-prefix / mallard-secure-prefix); run under ThreadSanitizer by the tsan build.
+ * A watchdog turns a hang into a failure that says where every thread and the forked child wait. */
 #include "mtest.h"
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 /* Nearly one allocation in eight guarded, 16 slots: the pool is full and recycled constantly. */
@@ -13,6 +17,10 @@ const char *mallard_conf = "guard_sample:512,guard_slots:16";
 #define ITERS 20000
 #define TABLE 64
 static _Atomic(void *) table[TABLE];
+
+/* What the watchdog reports: each worker's iteration, the forks begun, the child being waited for. */
+static _Atomic(int) progress[NTHREADS];
+static _Atomic(int) forks_begun, child_pid, finished;
 
 typedef struct { uint64_t size, tag; } hdr_t;   /* a block's first bytes; the rest holds the tag's byte */
 
@@ -53,6 +61,7 @@ static void *worker(void *arg) {
   mt_rng_t rng;
   mt_rng_seed(&rng, (uintptr_t)arg);
   for (int i = 0; i < ITERS; i++) {
+    atomic_store_explicit(&progress[(uintptr_t)arg - 1], i, memory_order_relaxed);
     void *p = make(&rng);
     if (mt_rng_next(&rng) % 4 == 0) p = grow(p);
     void *old = atomic_exchange(&table[mt_rng_next(&rng) % TABLE], p);   /* another thread's block, usually */
@@ -65,6 +74,7 @@ static void *worker(void *arg) {
 static void *forker(void *arg) {
   (void)arg;
   for (int k = 0; k < 3; k++) {
+    atomic_fetch_add(&forks_begun, 1);
     pid_t pid = fork();
     REQUIRE(pid >= 0, "fork failed");
     if (pid == 0) {
@@ -74,20 +84,95 @@ static void *forker(void *arg) {
       _exit(atomic_load(&mt_failures) ? 1 : 0);
     }
     int st = 0;
+    atomic_store(&child_pid, pid);
     waitpid(pid, &st, 0);
+    atomic_store(&child_pid, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
   }
   return NULL;
 }
 
+/* ---- the watchdog: no allocation and no stdio (a thread may hang holding any lock) ---- */
+#ifndef WATCHDOG_S
+#define WATCHDOG_S 240   /* the whole test takes seconds, under qemu and ThreadSanitizer too; ctest stops it at 300 */
+#endif
+
+static void say(const char *s) { ssize_t w = write(2, s, strlen(s)); (void)w; }
+static void say_num(long v) {
+  char b[24];
+  int i = (int)sizeof b;
+  b[--i] = 0;
+  bool neg = v < 0;
+  unsigned long u = neg ? -(unsigned long)v : (unsigned long)v;
+  do { b[--i] = (char)('0' + u % 10); u /= 10; } while (u);
+  if (neg) b[--i] = '-';
+  say(b + i);
+}
+/* One /proc file's first line (at most 120 bytes), or "?". */
+static void say_file(const char *path) {
+  char b[128];
+  int fd = open(path, O_RDONLY);
+  ssize_t n = fd < 0 ? -1 : read(fd, b, 120);
+  if (fd >= 0) close(fd);
+  if (n <= 0) { say("?"); return; }
+  b[n] = 0;
+  for (ssize_t i = 0; i < n; i++) if (b[i] == '\n') { b[i] = 0; break; }
+  say(b);
+}
+/* Every thread of process pid: its state line's start, kernel wait channel and system call. */
+static void say_threads(long pid) {
+  char dir[64], path[128];
+  snprintf(dir, sizeof dir, "/proc/%ld/task", pid);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) { say("  (no "); say(dir); say(")\n"); return; }
+  char buf[4096];
+  long n;
+  while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+    for (long off = 0; off < n;) {
+      struct { uint64_t ino; int64_t off; unsigned short reclen; unsigned char type; char name[]; } *d = (void *)(buf + off);
+      off += d->reclen;
+      if (d->name[0] == '.') continue;
+      say("  thread "); say(d->name); say(": stat ");
+      snprintf(path, sizeof path, "%s/%s/stat", dir, d->name); say_file(path);
+      say(" | wchan ");
+      snprintf(path, sizeof path, "%s/%s/wchan", dir, d->name); say_file(path);
+      say(" | syscall ");
+      snprintf(path, sizeof path, "%s/%s/syscall", dir, d->name); say_file(path);
+      say("\n");
+    }
+  }
+  close(fd);
+}
+
+static void *watchdog(void *arg) {
+  (void)arg;
+  for (int s = 0; s < WATCHDOG_S * 10 && !atomic_load(&finished); s++) usleep(100000);
+  if (atomic_load(&finished)) return NULL;
+  say("FAIL guard_stress: still running after "); say_num(WATCHDOG_S); say(" s; workers at iterations");
+  for (int i = 0; i < NTHREADS; i++) { say(" "); say_num(atomic_load(&progress[i])); }
+  say(" of "); say_num(ITERS); say("; forks begun "); say_num(atomic_load(&forks_begun));
+  long child = atomic_load(&child_pid);
+  say("; waiting for child "); say_num(child); say("\nthis process ("); say_num(getpid()); say("):\n");
+  say_threads(getpid());
+  if (child > 0) {
+    say("the child:\n");
+    say_threads(child);
+    kill((pid_t)child, SIGKILL);
+  }
+  _exit(1);
+}
+
 int main(void) {
-  pthread_t t[NTHREADS], f;
+  pthread_t t[NTHREADS], f, w;
+  REQUIRE(!pthread_create(&w, NULL, watchdog, NULL), "create");
   for (uintptr_t i = 0; i < NTHREADS; i++) pthread_create(&t[i], NULL, worker, (void *)(i + 1));
   /* ThreadSanitizer does not support fork in a multi-threaded process: guard_sample_tsan.sh sets GUARD_STRESS_NO_FORK */
   bool forking = !getenv("GUARD_STRESS_NO_FORK");
   if (forking) pthread_create(&f, NULL, forker, NULL);
   for (int i = 0; i < NTHREADS; i++) pthread_join(t[i], NULL);
   if (forking) pthread_join(f, NULL);
+  atomic_store(&finished, 1);
+  pthread_join(w, NULL);
   for (int i = 0; i < TABLE; i++) {
     void *p = atomic_exchange(&table[i], NULL);
     if (p) check_and_free(p);
