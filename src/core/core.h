@@ -589,6 +589,7 @@ MLD_HIDDEN void mld_free_parked(void *p);          /* the owner frees a block of
 MLD_HIDDEN void mld_page_retire(heap_t *h, page_t *pg);            /* heap lock held */
 MLD_HIDDEN void mld_page_retire_owner(heap_t *h, page_t *pg);      /* the owner's fast path emptied pg: takes the lock */
 MLD_HIDDEN heap_t *mld_heap_get(void);
+MLD_HIDDEN heap_t *mld_heap_get_near(const heap_t *prefer);   /* prefer: an orphan to take over first */
 MLD_HIDDEN void mld_heap_collect(heap_t *h, bool force);
 MLD_HIDDEN size_t mld_heaps_sweep(bool force);                    /* idle heaps' parked pages, exit heap, dead heaps */
 

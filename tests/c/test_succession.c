@@ -70,6 +70,46 @@ static void case_inherit(void) {
         (unsigned long long)allocated_in_successor);
 }
 
+/* Two orphans, the newer one a bystander's: a thread whose first call frees a block of the older one takes that one
+ * over, not the list's head, and its frees of the rest are its own (larson's successor starts by freeing what its
+ * predecessor handed it, while other threads come and go). */
+static _Atomic(int) by_go, by_ready;
+static void *bystander(void *arg) {
+  (void)arg;
+  M_free(mt_hide(M_malloc(48)));   /* its heap exists before fill()'s thread exits: it takes no orphan */
+  atomic_store(&by_ready, 1);
+  while (!atomic_load(&by_go)) usleep(1000);
+  return NULL;                     /* exits after fill()'s thread: its orphan is the newer */
+}
+static uint64_t remote_after_first;
+static void *free_first(void *arg) {
+  (void)arg;
+  uint64_t before = 0;
+  for (int i = 0; i < NBLOCKS; i++) {
+    size_t bad = mt_verify(blocks[i].p, blocks[i].n, blocks[i].tag);
+    CHECK(bad == blocks[i].n, "block %d damaged at %zu", i, bad);
+    M_free(blocks[i].p);
+    blocks[i].p = NULL;
+    if (i == 0) before = mt_ctl_u64("stats.remote_frees");   /* the first free took the heap (and was remote) */
+  }
+  remote_after_first = mt_ctl_u64("stats.remote_frees") - before;
+  return NULL;
+}
+static void case_prefer(void) {
+  MT_COLLECT(true);
+  pthread_t b;
+  REQUIRE(pthread_create(&b, NULL, bystander, NULL) == 0, "pthread_create");
+  while (!atomic_load(&by_ready)) usleep(1000);
+  run_thread(fill, (void *)(uintptr_t)5);   /* the older orphan */
+  atomic_store(&by_go, 1);
+  REQUIRE(pthread_join(b, NULL) == 0, "pthread_join");   /* the newer orphan */
+  run_thread(free_first, NULL);
+  printf("prefer: %llu remote frees among the %d frees after the first\n", (unsigned long long)remote_after_first,
+         NBLOCKS - 1);
+  CHECK(remote_after_first == 0, "a thread that first freed a block of an older orphan did not take it over: %llu "
+        "of the other frees were remote", (unsigned long long)remote_after_first);
+}
+
 /* A thread bound to an arena does not pass its heap (and its binding) on. */
 static unsigned arena_of_successor;
 static void *bind_and_fill(void *arg) {
@@ -318,6 +358,7 @@ int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "all";
   bool all = !strcmp(c, "all");
   if (all || !strcmp(c, "inherit")) case_inherit();
+  if (all || !strcmp(c, "prefer")) case_prefer();
   if (all || !strcmp(c, "bound")) case_bound();
   if (all || !strcmp(c, "unclaimed")) case_unclaimed();
   if (all || !strcmp(c, "fork")) case_fork();
