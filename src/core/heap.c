@@ -176,8 +176,9 @@ heap_t *mld_heap_get_near(const heap_t *prefer) {
   return heap_attach(h);
 }
 
-/* The calling thread takes over `prefer` if it is an orphan, else the most recent orphan; NULL when there is none. Everything of the heap stays as
- * its last owner left it (its outbox was flushed, its counters folded into the dead threads' record and zeroed):
+/* The calling thread takes over `prefer` if it is an orphan, else the most recent orphan; NULL when there is none.
+ * Everything of the heap stays as its last owner left it (its outbox was flushed, its counters folded into the dead
+ * threads' record and zeroed):
  * pages, lists, `current`, cache; every page still names it, so the blocks the predecessor handed on are freed on the
  * owner's fast path. Other threads' remote frees into its pages waited on their thread_free lists meanwhile: the new
  * owner collects them as it refills, like any owner. Its arena stays (the arena it had moved to under contention). */
