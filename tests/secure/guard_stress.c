@@ -98,16 +98,6 @@ static void *forker(void *arg) {
 #endif
 
 static void say(const char *s) { ssize_t w = write(2, s, strlen(s)); (void)w; }
-static void say_num(long v) {
-  char b[24];
-  int i = (int)sizeof b;
-  b[--i] = 0;
-  bool neg = v < 0;
-  unsigned long u = neg ? -(unsigned long)v : (unsigned long)v;
-  do { b[--i] = (char)('0' + u % 10); u /= 10; } while (u);
-  if (neg) b[--i] = '-';
-  say(b + i);
-}
 /* One /proc file's first line (at most 120 bytes), or "?". */
 static void say_file(const char *path) {
   char b[128];
@@ -148,11 +138,13 @@ static void *watchdog(void *arg) {
   (void)arg;
   for (int s = 0; s < WATCHDOG_S * 10 && !atomic_load(&finished); s++) usleep(100000);
   if (atomic_load(&finished)) return NULL;
-  say("FAIL guard_stress: still running after "); say_num(WATCHDOG_S); say(" s; workers at iterations");
-  for (int i = 0; i < NTHREADS; i++) { say(" "); say_num(atomic_load(&progress[i])); }
-  say(" of "); say_num(ITERS); say("; forks begun "); say_num(atomic_load(&forks_begun));
+  char line[512];   /* 4 workers: under 200 bytes */
   long child = atomic_load(&child_pid);
-  say("; waiting for child "); say_num(child); say("\nthis process ("); say_num(getpid()); say("):\n");
+  int n = snprintf(line, sizeof line, "FAIL guard_stress: still running after %d s; workers at iterations", WATCHDOG_S);
+  for (int i = 0; i < NTHREADS; i++) n += snprintf(line + n, sizeof line - (size_t)n, " %d", atomic_load(&progress[i]));
+  snprintf(line + n, sizeof line - (size_t)n, " of %d; forks begun %d; waiting for child %ld\nthis process (%ld):\n",
+           ITERS, atomic_load(&forks_begun), child, (long)getpid());
+  say(line);
   say_threads(getpid());
   if (child > 0) {
     say("the child:\n");
