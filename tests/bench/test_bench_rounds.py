@@ -64,3 +64,19 @@ def test_bad_allocators_are_refused(tmp_path):
         r = subprocess.run([*ROUNDS, "--mbench-dir", str(tmp_path), "--allocators", spec], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and msg in r.stderr, (spec, r.stderr)
+
+
+def test_missing_measure_helper_is_said_in_the_raw_file_and_the_report(tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    import mbench_rounds
+    assert mbench_rounds.rss_floor_note("/usr/bin/mallard-measure") is None
+    note = mbench_rounds.rss_floor_note(None)
+    assert note and "mallard-measure" in note
+    r, raw, _, _ = _run(tmp_path, "--programs", "larson", "--threads", "1", "--rounds", "1")
+    assert r.returncode == 0, r.stderr
+    assert ("rss_note" in raw) == ("warning: no mallard-measure" in r.stderr)
+    raw["rss_note"] = note
+    (tmp_path / "noted.json").write_text(json.dumps(raw))
+    rep = subprocess.run([*ROUNDS, "--report", str(tmp_path / "noted.json")], capture_output=True, text=True,
+                         timeout=60)
+    assert rep.returncode == 0 and f"**Peak RSS**: {note}." in rep.stdout, rep.stderr
