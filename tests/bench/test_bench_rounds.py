@@ -67,11 +67,12 @@ def test_bad_allocators_are_refused(tmp_path):
 
 
 def test_missing_measure_helper_is_said_in_the_raw_file_and_the_report(tmp_path):
-    sys.path.insert(0, str(REPO / "bench"))
-    import mbench_rounds
-    assert mbench_rounds.rss_floor_note("/usr/bin/mallard-measure") is None
-    note = mbench_rounds.rss_floor_note(None)
-    assert note and "mallard-measure" in note
+    # In a child: importing the script puts bench/ and its modules (run, measure) on this process's path.
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import mbench_rounds as m; "
+             "assert m.rss_floor_note('/usr/bin/mallard-measure') is None; print(m.rss_floor_note(None))")
+    c = subprocess.run([sys.executable, "-c", probe, str(REPO / "bench")], capture_output=True, text=True, timeout=60)
+    note = c.stdout.strip()
+    assert c.returncode == 0 and "mallard-measure" in note, (c.stdout, c.stderr)
     r, raw, _, _ = _run(tmp_path, "--programs", "larson", "--threads", "1", "--rounds", "1")
     assert r.returncode == 0, r.stderr
     assert ("rss_note" in raw) == ("warning: no mallard-measure" in r.stderr)
