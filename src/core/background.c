@@ -152,14 +152,20 @@ void mld_purge_thread_maybe_start(void) {
   if (atomic_load_explicit(&mld_mapped_bytes, memory_order_relaxed) < BG_START_BYTES && !atomic_load(&bg_pending)) return;
   uint64_t retry = atomic_load_explicit(&bg_retry_ms, memory_order_relaxed);
   if (retry && mld_now_ms() < retry) return;
+  MLD_RACE_WINDOW();   /* test builds: a fork may take bg_create_lock here */
+  /* bg_started goes to 1 only under bg_create_lock: a fork handler holding it that reads 1 waits for a thread
+   * already created; set before the lock, the handler waited for a thread whose creator waited for the lock. */
+  pthread_mutex_lock(&bg_create_lock);
   int expect = 0;
-  if (!atomic_compare_exchange_strong(&bg_started, &expect, 1)) return;
+  if (!atomic_compare_exchange_strong(&bg_started, &expect, 1)) {
+    pthread_mutex_unlock(&bg_create_lock);
+    return;
+  }
   pthread_t t;
   bool was_self = mld_self_alloc;
   mld_self_alloc = true;                  /* the thread's TLS is Mallard's, not the program's: never sampled */
   /* A small stack first (the thread needs little); glibc carves the program's static TLS out of it, so a
    * program with much static TLS gets EINVAL: then the default size. */
-  pthread_mutex_lock(&bg_create_lock);
   int rc = bg_create(&t, 64 * 1024);
   if (rc != 0) rc = bg_create(&t, 0);
   if (rc != 0) {   /* under the lock: a fork handler that reads bg_started 1 after it waits for a thread that runs */
