@@ -21,15 +21,6 @@ from mallard_cli import allocators as alloc_mod  # noqa: E402
 from mallard_cli import measure  # noqa: E402
 
 
-def rss_floor_note(helper: str | None) -> str | None:
-    """What the peak RSS figures mean when build/bin/mallard-measure is missing (None when it is there): each
-    program is then forked from this Python process, whose high-water mark Linux keeps in the program's ru_maxrss."""
-    if helper:
-        return None
-    return ("no mallard-measure (build/bin, carry build/ to a lent machine): every peak RSS is at least this Python "
-            "process's own (tens of MiB), so smaller peaks are hidden and their ratios read 1.00")
-
-
 def parse_allocators(spec: str) -> list:
     """NAME=PATH pairs (PATH empty or 'none': the system's own malloc), in the order given; names must differ."""
     out = []
@@ -92,7 +83,7 @@ def run(a) -> int:
            "cells": [{"workload": c.workload, "threads": c.threads, "args": c.args, "cross_thread": c.cross_thread,
                       "fixed_time": c.fixed_time, "id": c.id, "runs": {x.name: [] for x in allocs},
                       "repro": {x.name: mb.repro(c, x, mdir) for x in allocs}} for c in cells]}
-    note = rss_floor_note(measure.helper_path())
+    note = bench_run.rss_floor_note(measure.helper_path())
     if note:
         raw["rss_note"] = note
         print(f"mbench_rounds: warning: {note}", file=sys.stderr, flush=True)

@@ -43,6 +43,16 @@ TIMEOUT_S = {"smoke": 60, "quick": 60, "full": 180, "scaling": 180, "mbench": 30
 SCALING_WORKLOADS = ("xstorm", "server", "localremote", "larson", "succession", "prodcons")
 
 
+def rss_floor_note(helper: str | None) -> str | None:
+    """What the peak RSS figures mean when mallard-measure (built with tools/tracer) is missing (None when it is
+    there): each program is then forked from this Python process, whose high-water mark Linux keeps in the
+    program's ru_maxrss (run.py and mbench_rounds.py warn with it)."""
+    if helper:
+        return None
+    return ("no mallard-measure (build/bin, carry build/ to a lent machine): every peak RSS is at least this Python "
+            "process's own (tens of MiB), so smaller peaks are hidden and their ratios read 1.00")
+
+
 @dataclass
 class Cell:
     """One workload at one thread count: the unit that every allocator runs, repeatedly and interleaved."""
@@ -660,9 +670,9 @@ def main(argv=None) -> int:
         allocs = [x for x in found if x.name in PEERS + MALLARD]
     peers = tuple(p.strip() for p in a.peers.split(",") if p.strip()) if a.peers else PEERS
     bins = Path(a.bin_dir).resolve() if a.bin_dir else bin_dir()
-    if not measure.helper_path():
-        print("bench: warning: mallard-measure (built with tools/tracer) not found; peak RSS of small runs will "
-              "include the runner's own RSS", file=sys.stderr)
+    note = rss_floor_note(measure.helper_path())
+    if note:
+        print(f"bench: warning: {note}", file=sys.stderr)
     missing = [p for p in ("larson", "fastpath") if not (bins / f"mallard-bench-{p}").exists()]
     # The mbench mode runs programs from outside the repository only; the musl mode checks its own programs.
     if missing and a.mode not in ("mbench", "musl"):

@@ -67,8 +67,8 @@ def test_bad_allocators_are_refused(tmp_path):
 
 
 def test_missing_measure_helper_is_said_in_the_raw_file_and_the_report(tmp_path):
-    # In a child: importing the script puts bench/ and its modules (run, measure) on this process's path.
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import mbench_rounds as m; "
+    # In a child: importing bench/run.py (the note's home) puts bench/'s modules on this process's path.
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import run as m; "
              "assert m.rss_floor_note('/usr/bin/mallard-measure') is None; print(m.rss_floor_note(None))")
     c = subprocess.run([sys.executable, "-c", probe, str(REPO / "bench")], capture_output=True, text=True, timeout=60)
     note = c.stdout.strip()
