@@ -21,6 +21,15 @@ from mallard_cli import allocators as alloc_mod  # noqa: E402
 from mallard_cli import measure  # noqa: E402
 
 
+def library_path(option: str, name: str, path: str) -> str | None:
+    """The library file of NAME=PATH, absolute; None for PATH empty or 'none' (the system's own malloc)."""
+    if path in ("", "none"):
+        return None
+    if not Path(path).is_file():
+        raise ValueError(f"{option}: {name}: no such file {path}")
+    return str(Path(path).resolve())
+
+
 def parse_allocators(spec: str) -> list:
     """NAME=PATH pairs (PATH empty or 'none': the system's own malloc), in the order given; names must differ."""
     out = []
@@ -28,12 +37,7 @@ def parse_allocators(spec: str) -> list:
         name, sep, path = item.partition("=")
         if not sep or not name:
             raise ValueError(f"--allocators: '{item}' is not NAME=PATH")
-        if path in ("", "none"):
-            path = None
-        elif not Path(path).is_file():
-            raise ValueError(f"--allocators: {name}: no such file {path}")
-        else:
-            path = str(Path(path).resolve())
+        path = library_path("--allocators", name, path)
         if any(a.name == name for a in out):
             raise ValueError(f"--allocators: {name} named twice")
         # The system's malloc is its C library's: its name and version as Python finds them.

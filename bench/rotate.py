@@ -16,6 +16,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tools" / "mallard" / "src"))
 
+import mbench_rounds  # noqa: E402  (library_path)
 import run as bench_run  # noqa: E402  (bench/run.py: rss_floor_note)
 from mallard_cli import allocators as alloc_mod  # noqa: E402
 from mallard_cli import measure  # noqa: E402
@@ -28,13 +29,7 @@ def parse_lib(spec: str) -> alloc_mod.Allocator:
     if not sep or not name:
         raise ValueError(f"--lib: '{spec}' is not NAME=PATH[@OPTIONS]")
     path, _, conf = rest.partition("@")
-    if path in ("", "none"):
-        path = None
-    elif not Path(path).is_file():
-        raise ValueError(f"--lib: {name}: no such file {path}")
-    else:
-        path = str(Path(path).resolve())
-    return alloc_mod.Allocator(name, path, "unknown", conf or None)
+    return alloc_mod.Allocator(name, mbench_rounds.library_path("--lib", name, path), "unknown", conf or None)
 
 
 def figure(metric: str, result: measure.RunResult) -> float:
