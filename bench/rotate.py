@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rotate.py: {lib.name}, round {i + 1}: {e}", file=sys.stderr)
                 return 1
     base = runs[libs[0].name]
+    zero = [i + 1 for i, (f, _) in enumerate(base) if f == 0]
+    if zero:
+        print(f"rotate.py: {libs[0].name}'s figure is 0 in round {zero[0]}: nothing to divide by", file=sys.stderr)
+        return 1
     for lib in libs:
         own = runs[lib.name]
         fig = quartiles([f / b[0] for (f, _), b in zip(own, base)])

@@ -12,7 +12,7 @@ ROTATE = [sys.executable, str(REPO / "bench" / "rotate.py")]
 PROG = """import os, sys
 lib = 'other' if 'libother' in os.environ.get('LD_PRELOAD', '') else 'base'
 open(sys.argv[1], 'a').write(lib + '\\n')
-print('rate = %d per s' % (200 if lib == 'other' else 100))
+print('rate = %d per s' % (200 if lib == 'other' else int(os.environ.get('BASE_RATE', '100'))))
 """
 
 
@@ -24,9 +24,9 @@ def _setup(tmp_path):
     return prog, other
 
 
-def _run(tmp_path, *args):
+def _run(tmp_path, *args, **env):
     return subprocess.run([*ROTATE, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=dict(os.environ))
+                          env=dict(os.environ, **env))
 
 
 def test_ratios_to_the_first_library_in_rotated_rounds(tmp_path):
@@ -49,6 +49,13 @@ def test_a_figure_not_found_stops_with_the_output(tmp_path):
              f"other={other}", "--", sys.executable, str(prog), str(tmp_path / "log"))
     assert r.returncode == 1
     assert "no match for --metric" in r.stderr and "rate = 100" in r.stderr
+
+
+def test_a_first_figure_of_zero_is_said_not_divided_by(tmp_path):
+    prog, other = _setup(tmp_path)
+    r = _run(tmp_path, "--rounds", "2", "--metric", r"rate = ([0-9.]+)", "--lib", "base=", "--lib", f"other={other}",
+             "--", sys.executable, str(prog), str(tmp_path / "log"), BASE_RATE="0")
+    assert r.returncode == 1 and "base's figure is 0 in round 1" in r.stderr, r.stderr
 
 
 def test_bad_libraries_and_options_are_refused(tmp_path):
