@@ -84,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"rotate.py: {note}", file=sys.stderr)
     runs: dict[str, list[tuple[float, int]]] = {lib.name: [] for lib in libs}
+    pairs = list(zip(libs, envs))
     for i in range(a.rounds):
-        k = i % len(libs)
-        for lib, env in list(zip(libs, envs))[k:] + list(zip(libs, envs))[:k]:
+        k = i % len(pairs)
+        for lib, env in pairs[k:] + pairs[:k]:
             try:
                 r = measure.run_measured(cmd, env, timeout=a.timeout)
                 if r.returncode != 0:

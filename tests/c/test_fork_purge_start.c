@@ -9,25 +9,18 @@
 #include "core/core.h"
 #include "control/control.h"
 #include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
-enum { ROUNDS = 40, HANG_S = 20, START_MS = 10000 };   /* START_MS < HANG_S: a failed start is told from a hang */
+enum { ROUNDS = 40, HANG_S = 20, START_S = 10 };   /* START_S < HANG_S: a failed start is told from a hang */
 
 static _Atomic(bool) allocated;
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static void *starter(void *arg) {
   (void)arg;
   /* A new heap (the child may start the thread again), enough mapped to start it; a call that met a fork in
    * progress leaves the start to a later one. Tried for a time, not a count: under qemu-user the main thread's
    * forks keep the start suspended most of the time, and 1,000 quick tries once all fell inside them (CI). */
-  for (uint64_t t0 = now_ms(); !mld_purge_thread_running() && now_ms() - t0 < START_MS;) {
+  for (double t0 = mt_now(); !mld_purge_thread_running() && mt_now() - t0 < START_S;) {
     void *big = M_malloc(16 << 20);
     REQUIRE(big, "malloc(16 MiB)");
     M_free(big);
