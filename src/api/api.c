@@ -34,8 +34,21 @@ static MLD_NOINLINE void *alloc_slow(heap_t *h, unsigned c) {
 }
 
 /* ---- fast paths ---- */
-/* A block of class c from the current page, or NULL when its list is empty (the caller's slow path). */
+/* A block of class c from the thread cache (the fast variant), else from the current page, or NULL when both are
+ * empty (the caller's slow path). */
 static inline void *alloc_class_try(heap_t *h, unsigned c) {
+#ifndef MALLARD_SECURE
+  block_t *cb = h->bcache[c];   /* cached blocks are counted in their pages' `used` already */
+  if (likely(cb != NULL)) {
+    h->bcache[c] = cb->next;
+    h->broom[c]++;
+#ifdef MALLARD_STATS
+    mld_keep_in_register(h);
+    h->stats.nmalloc[c]++;
+#endif
+    return cb;
+  }
+#endif
   page_t *pg = h->current[c];
   block_t *b = pg->free;
   if (likely(b != NULL)) {
@@ -235,8 +248,26 @@ static MLD_NOINLINE void free_other(heap_t *h, page_t *slot, void *p) {
  * function of its own, so that free() saves no register for it. */
 static MLD_NOINLINE void free_flagged_own(void *p) { owner_free_slow(p); }
 
-/* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. */
+/* Owner free into pg, a small page of h whose owner_slow was read 0 before its `heap`: no atomic, no lock. The fast
+ * variant puts the block on the thread cache while its class has room (heap.c bcache_limit), touching nothing of the
+ * page: the block stays counted in its `used`, so a page handed to another heap meanwhile gets it back later (from
+ * the cache, by malloc or as a remote free). A full class (or tcache:false) frees to the page. */
 static inline void owner_free(heap_t *h, page_t *pg, void *p) {
+#ifndef MALLARD_SECURE
+  size_t c = pg->size_class;
+  if (likely(--h->broom[c] >= 0)) {
+    block_t *b = p;
+    b->next = h->bcache[c];
+    h->bcache[c] = b;
+#ifdef MALLARD_STATS
+    (*pg->nfree_count)++;
+#endif
+    return;
+  }
+  /* The room is read again (restored below), so that the test above stays one subtract with memory. */
+  __asm__ volatile("" ::: "memory");
+  h->broom[c]++;
+#endif
   mld_owner_push(pg, p);
   RACE_CHECK_STILL_OWN(pg, h);
   /* `used` is the last thing written into the page, with release (internal.h): a sweep that reads it equal to

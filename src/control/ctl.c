@@ -71,6 +71,7 @@ static int ctl_opt(const char *n, void *oldp, size_t *oldlenp, void *newp, size_
   if (!strcmp(n, "huge_cache_max")) READ(size_t, mld_opt.huge_cache_max);
   if (!strcmp(n, "page_cache")) READ(unsigned, mld_opt.page_cache);
   if (!strcmp(n, "zero_on_free")) READ(bool, mld_opt.zero_on_free);
+  if (!strcmp(n, "tcache")) READ(bool, mld_opt.tcache);   /* the secure variant refuses tcache:true: false there */
   if (!strcmp(n, "secure")) READ(bool, MLD_SECURE_BUILD);
   /* The secure variant's defences as in force (the fast variant holds them off: 0, SIZE_MAX for none, false). */
   if (!strcmp(n, "guard_slab_interval")) READ(unsigned, mld_opt.guard_slab_interval);

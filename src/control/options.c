@@ -45,6 +45,11 @@ static const opt_desc_t descs[] = {
 #else
   { "zero_on_free", T_BOOL, 0, 1, "false (zero_on_free:true needs the secure variant, libmallard-secure)" },
 #endif
+#ifdef MALLARD_SECURE
+  { "tcache", T_BOOL, 0, 1, "false (the thread cache is the fast variant's, libmallard: this one checks every free)" },
+#else
+  { "tcache", T_BOOL, 0, 1, "true or false" },
+#endif
   { "abort_conf", T_BOOL, 0, 1, "true or false" },
   { "stats_print", T_BOOL, 0, 1, "true or false" },
   { "stats_print_opts", T_STR, 0, 15, "letters: J (JSON), a (no per-arena), b (no per-class)" },
@@ -97,6 +102,7 @@ static void set_defaults(void) {
   mld_opt.dirty_decay_ms = 1000;
   mld_opt.dirty_decay_max_ms = 10000;
   mld_opt.background_thread = true;
+  mld_opt.tcache = !MLD_SECURE_BUILD;
   mld_opt.retain = false;
   mld_opt.thp = 0;
   mld_opt.verbose = false;
@@ -155,7 +161,7 @@ typedef struct conf_src_s {
  * jemalloc source is ignored and named in one line on stderr. */
 static const char *const jemalloc_keys[] = { "narenas", "dirty_decay_ms", "background_thread", "retain", "thp",
                                              "abort_conf", "stats_print", "prof", "prof_active", "prof_final",
-                                             "prof_leak", "prof_prefix", "junk" };
+                                             "prof_leak", "prof_prefix", "junk", "tcache" };
 
 /* The keys of one jemalloc source that were ignored, comma-separated (cut at the buffer's end, with "..."). */
 static char ignored_buf[256];
@@ -177,7 +183,7 @@ static void note_ignored(const char *k, size_t kl) {
 }
 
 static const char *const known_keys =
-    "narenas, dirty_decay_ms, dirty_decay_max_ms, background_thread, retain, thp, verbose, zero_on_free, abort_conf, stats_print, "
+    "narenas, dirty_decay_ms, dirty_decay_max_ms, background_thread, retain, thp, verbose, zero_on_free, tcache, abort_conf, stats_print, "
     "stats_print_opts, slab_sizes, page_cache, huge_cache_max, guard_slab_interval, secure_noaccess_min, "
     "large_quarantine, delayed_reuse, shuffle, junk, guard_sample, guard_slots, guard_action, prof, prof_active, "
     "prof_sample, prof_final, prof_leak, prof_prefix, prof_interval, prof_signal, prof_seed";
@@ -430,9 +436,15 @@ static void apply(const conf_src_t *src, const char *k, size_t kl, const char *v
                  "false (zero_on_free:true needs the secure variant, libmallard-secure)");
       return;
     }
+#else
+    if (ok && b && !strcmp(d->name, "tcache")) {   /* the secure free checks every block: no cache to turn on */
+      conf_error(src, k, kl, true, v, vl, "option not available in this variant", d->accepts);
+      return;
+    }
 #endif
     if (ok) {
       if (!strcmp(d->name, "background_thread")) mld_opt.background_thread = b;
+      else if (!strcmp(d->name, "tcache")) mld_opt.tcache = b;
       else if (!strcmp(d->name, "retain")) mld_opt.retain = b;
       else if (!strcmp(d->name, "verbose")) mld_opt.verbose = b;
       else if (!strcmp(d->name, "zero_on_free")) mld_opt.zero_on_free = b;
@@ -637,10 +649,10 @@ size_t mld_options_format_of(const options_t *o, const prof_options_t *po, unsig
   snprintf(prefix, sizeof prefix, "%.*s", (int)sizeof po->prefix, po->prefix);
   if (len) buf[0] = 0;
   put(&f, "narenas:%u,dirty_decay_ms:%ld,dirty_decay_max_ms:%ld,background_thread:%s,retain:%s,thp:%s,verbose:%s,"
-          "zero_on_free:%s,abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
+          "zero_on_free:%s,tcache:%s,abort_conf:%s,stats_print:%s,stats_print_opts:%s,slab_sizes:",
       o->narenas ? o->narenas : auto_arenas, o->dirty_decay_ms, o->dirty_decay_max_ms, tf(o->background_thread),
       tf(o->retain), o->thp < 0 || o->thp > 2 ? "never" : thp_names[o->thp], tf(o->verbose),
-      tf(o->zero_on_free), tf(o->abort_conf), tf(o->stats_print), spo);
+      tf(o->zero_on_free), tf(o->tcache), tf(o->abort_conf), tf(o->stats_print), spo);
   /* Runs of classes with the same page size, as LO-HI:SLOTS ranges of block sizes. */
   for (unsigned c = 0; c < MLD_NUM_CLASSES;) {
     unsigned e = c;

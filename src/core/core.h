@@ -265,6 +265,10 @@ typedef struct outbox_s {
 } outbox_t;
 
 typedef struct heap_s {
+#ifndef MALLARD_SECURE
+  block_t *bcache[MLD_NUM_CLASSES];      /* the thread cache: blocks the owner freed, LIFO, linked through `next` */
+  int32_t broom[MLD_NUM_CLASSES];        /* blocks bcache[c] may still take (0: none, tcache:false) */
+#endif
   page_t *current[MLD_NUM_CLASSES];      /* page allocated from; &mld_page_empty when none */
   page_list_t avail[MLD_NUM_CLASSES];    /* pages with (possibly) free blocks; head == current */
   page_list_t full[MLD_NUM_CLASSES];     /* pages found full (parked); swept for remote frees before taking new pages */
@@ -361,6 +365,7 @@ typedef struct options_s {
   size_t huge_cache_max;                 /* bytes of freed huge mappings kept for reuse before decay */
   unsigned page_cache;                   /* empty 64 KiB pages each thread keeps before giving them back */
   bool zero_on_free;                     /* secure variant: wipe small blocks when they are freed */
+  bool tcache;                           /* fast variant: a LIFO cache of freed blocks per thread and class */
   /* The secure variant's defences (docs/SECURITY.md); the fast variant holds them at their "off" values. */
   unsigned guard_slab_interval;          /* a small page ending on a multiple of this many slots ends in a guard; 0: none */
   size_t secure_noaccess_min;            /* freed large and huge blocks from this size are PROT_NONE; SIZE_MAX: none */
@@ -552,6 +557,12 @@ extern __thread mld_tls_t mld_tls MLD_HIDDEN;
 extern heap_t mld_heap_empty MLD_HIDDEN;
 extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
+#ifndef MALLARD_SECURE
+/* The thread cache's bounds per class (heap.c bcache_limit): 32 KiB and 64 blocks, classes up to 1 KiB. */
+#define MLD_BCACHE_BYTES 32768
+#define MLD_BCACHE_BLOCKS 64
+#define MLD_BCACHE_CLASS_MAX 1024
+#endif
 MLD_HIDDEN void mld_free_remote(page_t *pg, void *p);             /* a block of another thread's small page */
 /* A page's slot in a thread's outbox (outbox.c): one page at a time, direct-mapped by descriptor address. */
 static inline outbox_t *mld_outbox_slot(heap_t *h, const page_t *pg) {

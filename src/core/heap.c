@@ -99,9 +99,15 @@ static void set_current(heap_t *h, unsigned c) {
 static heap_t *find_dead_heap(void);
 static heap_t *take_orphan(const heap_t *prefer);
 static void take_over_orphan_pages(heap_t *h);
+#ifndef MALLARD_SECURE
+static void bcache_reset(heap_t *h);
+#endif
 
 /* The calling thread's heap from now on (a fresh one, or an orphan taken over), registered already. */
 static heap_t *heap_attach(heap_t *h) {
+#ifndef MALLARD_SECURE
+  bcache_reset(h);   /* a fresh heap, or an orphan whose cache its last owner emptied */
+#endif
   mld_tls_heap = h;                       /* before setspecific: it may allocate, and must find this heap */
   pthread_setspecific(mld_heap_key, h);
   mld_purge_new_heap();                   /* a fork child's own new thread allows the purging thread again */
@@ -416,9 +422,87 @@ static void take_over_orphan_pages(heap_t *h) {
   visit_pages(h, take_over_page, false);   /* its page cache stays: a cached page is initialised when taken */
 }
 
+#ifndef MALLARD_SECURE
+/* ---- the thread cache (option tcache; api.c's fast paths): per class, a LIFO list of blocks the owner freed ----
+ * malloc pops the block freed last, still in the CPU's cache, where a page's list hands out blocks freed long ago
+ * (larson: a cache miss per malloc; docs/PERFORMANCE.md, issue 39's thirty-ninth pass). A cached block stays counted
+ * in its page's `used`, so no claim, hand-over, sweep or release sees it as free; only the owner touches the list.
+ * Every small class has one (a class without would make the fast paths' branches follow the random class of each
+ * call); at most MLD_BCACHE_BLOCKS blocks and MLD_BCACHE_BYTES bytes a class, so that an idle thread pins little. */
+static int32_t bcache_limit(unsigned c) {
+  uint32_t s = mld_class_size[c];
+  if (!mld_opt.tcache || s > MLD_BCACHE_CLASS_MAX) return 0;
+  uint32_t n = MLD_BCACHE_BYTES / s;
+  return n > MLD_BCACHE_BLOCKS ? MLD_BCACHE_BLOCKS : (int32_t)n;
+}
+static inline void bcache_unfree(heap_t *h, unsigned c) {
+#ifdef MALLARD_STATS
+  h->stats.cls[c].nfree--;   /* counted when it entered the cache; the path below counts it again */
+#else
+  (void)h; (void)c;
+#endif
+}
+/* One cached block back to its page by its owner h (the calling thread's heap: mld_free_parked and mld_free_remote
+ * act for it): the free the fast path did before the cache. */
+static void bcache_return(heap_t *h, block_t *b) {
+  page_t *pg = page_of(segment_of(b), b);
+  atomic_store_explicit(&h->hazard, b, memory_order_release);
+  atomic_signal_fence(memory_order_seq_cst);
+  if (__atomic_load_n(&pg->in_full, __ATOMIC_ACQUIRE)) { bcache_unfree(h, pg->size_class); mld_free_parked(b); return; }
+  if (atomic_load_explicit(&pg->heap, memory_order_relaxed) != h) { bcache_unfree(h, pg->size_class); mld_free_remote(pg, b); return; }
+  blk_set_next(pg, b, pg->free);
+  pg->free = b;
+  if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) mld_page_retire_owner(h, pg);
+}
+/* The cache's room at a thread's start or take-over: empty, every class its limit. */
+static void bcache_reset(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) { h->bcache[c] = NULL; h->broom[c] = bcache_limit(c); }
+}
+/* Every cached block back, by the owner (collection: mallard_collect, thread.tcache.flush, malloc_trim). */
+static void bcache_flush_all(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    block_t *b = h->bcache[c];
+    h->bcache[c] = NULL;
+    h->broom[c] = bcache_limit(c);
+    while (b) { block_t *n = b->next; bcache_return(h, b); b = n; }
+  }
+}
+/* Every cached block of h back, by the thread that leaves h (its owner at exit, or the thread that abandons a dead
+ * one), h's lock held, which keeps sweeps, claims and hand-overs out of h's pages: into h's own pages, parked ones too
+ * (abandonment and take-over deal with their free blocks), and a page handed to another heap meanwhile gets its block
+ * as a remote free published at once (no outbox: the caller may have no heap, or be past its destructor). The frees
+ * were counted when the blocks entered the cache. */
+static void bcache_drop_all(heap_t *h) {
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    block_t *b = h->bcache[c];
+    h->bcache[c] = NULL;
+    h->broom[c] = 0;   /* until a thread takes the heap over (heap_attach) */
+    while (b) {
+      block_t *n = b->next;
+      page_t *pg = page_of(segment_of(b), b);
+      if (atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) {
+        blk_set_next(pg, b, pg->free);
+        pg->free = b;
+        mld_used_release_dec(pg);
+      } else {
+        MLD_STAT_ADD(h, remote_frees, 1);
+        mld_remote_push(pg, b, b, 1);
+      }
+      b = n;
+    }
+  }
+}
+#endif
+
 /* A thread is exiting (or, from a sweep, has ended without its destructor): its pending remote frees are sent,
  * its pages released or abandoned, its counters kept, its struct recycled. The caller holds `life`. */
+
 void mld_heap_abandon(heap_t *h) {
+#ifndef MALLARD_SECURE
+  mld_spin_lock(&h->lock);
+  bcache_drop_all(h);
+  mld_spin_unlock(&h->lock);
+#endif
   mld_outbox_flush(h);
   mld_spin_lock(&h->lock);
   visit_pages(h, abandon_page, true);
@@ -444,6 +528,11 @@ void mld_heap_abandon(heap_t *h) {
  * A heap bound to an arena by its thread is abandoned at once: the binding was that thread's choice. */
 void mld_heap_exit(heap_t *h) {
   if (h->bound) { mld_heap_abandon(h); return; }
+#ifndef MALLARD_SECURE
+  mld_spin_lock(&h->lock);
+  bcache_drop_all(h);   /* an orphan's cached blocks would keep pages its successor empties */
+  mld_spin_unlock(&h->lock);
+#endif
   mld_outbox_flush(h);
   MLD_RACE_WINDOW();   /* leaving: other threads free into its pages, a sweep may visit it meanwhile */
   uint64_t now = mld_now_ms();
@@ -489,6 +578,9 @@ static heap_t *take_stale_orphan(uint64_t now, uint64_t age, bool force, bool *y
 /* Give back what this heap holds but does not use: empty pages (even the last of a class when forced). */
 void mld_heap_collect(heap_t *h, bool force) {
   if (h == &mld_heap_empty) return;
+#ifndef MALLARD_SECURE
+  if (h == mld_tls_heap) bcache_flush_all(h);
+#endif
   mld_outbox_flush(h);
   mld_spin_lock(&h->lock);
   visit_pages(h, collect_page, force);

@@ -90,13 +90,20 @@ static void test_names(void) {
   RD(uint32_t, "arenas.bin.0.nregs", nregs);
   CHECK(bsize == 16 && nregs >= 1, "bin 0: size %zu nregs %u", bsize, nregs);
   /* Unknown names, or names with no Mallard meaning: ENOENT. */
-  const char *none[] = { "stats.nonexistent", "opt.tcache", "arena.0.reset", "arena.0.destroy", "prof.thread_active_init",
+  const char *none[] = { "stats.nonexistent", "opt.lg_tcache_max", "arena.0.reset", "arena.0.destroy", "prof.thread_active_init",
                          "stats.arenas.4096.bins.100000.curregs", "arenas.bin.100000.size", "arena.999.purge",
                          "thread.prof.name", "", "stats", "stats.arenas.4097.pactive", "arena.4097.purge" };
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
     size_t x, l = sizeof x;
     CHECK(mallctl(none[i], &x, &l, NULL, 0) == ENOENT, "mallctl(\"%s\") is not ENOENT", none[i]);
   }
+  /* opt.tcache: jemalloc's name, Mallard's option (the fast variant's thread cache, on by default; the secure
+   * variant has none and reads false). */
+  bool secure = false, tcache = false;
+  size_t bl = sizeof secure;
+  CHECK(mallctl("opt.secure", &secure, &bl, NULL, 0) == 0, "opt.secure");
+  bl = sizeof tcache;
+  CHECK(mallctl("opt.tcache", &tcache, &bl, NULL, 0) == 0 && tcache == !secure, "opt.tcache %d (secure %d)", tcache, secure);
   size_t mib[8], ml = 8;
   CHECK(mallctlnametomib("stats.bogus", mib, &ml) == ENOENT, "nametomib(stats.bogus) is not ENOENT");
   ml = 2;
@@ -306,8 +313,8 @@ static void test_conf(const char *self) {
   char out[4096];
   run_self(self, "MALLOC_CONF=narenas:3,tcache:false,dirty_decay_ms:5000,lg_extent_max_active_fit:6", "print-conf",
            out, sizeof out);
-  CHECK(strstr(out, "narenas=3 decay=5000"), "MALLOC_CONF not applied: %s", out);
-  CHECK(strstr(out, "mallard: MALLOC_CONF: ignored (no Mallard equivalent): tcache, lg_extent_max_active_fit;"),
+  CHECK(strstr(out, "narenas=3 decay=5000 tcache=0"), "MALLOC_CONF not applied: %s", out);
+  CHECK(strstr(out, "mallard: MALLOC_CONF: ignored (no Mallard equivalent): lg_extent_max_active_fit;"),
         "ignored-key line missing: %s", out);
   run_self(self, "MALLOC_CONF=narenas:3,dirty_decay_ms:5000 MALLARD_CONF=narenas:2", "print-conf", out, sizeof out);
   CHECK(strstr(out, "narenas=2 decay=5000") && !strstr(out, "ignored"), "MALLARD_CONF must win: %s", out);
@@ -323,7 +330,10 @@ int main(int argc, char **argv) {
     mallctl("opt.narenas", &n, &l, NULL, 0);
     l = sizeof d;
     mallctl("opt.dirty_decay_ms", &d, &l, NULL, 0);
-    printf("narenas=%u decay=%zd\n", n, d);
+    bool tc = true;
+    l = sizeof tc;
+    mallctl("opt.tcache", &tc, &l, NULL, 0);
+    printf("narenas=%u decay=%zd tcache=%d\n", n, d, tc);
     return 0;
   }
   test_names();
