@@ -443,15 +443,15 @@ static inline void bcache_unfree(heap_t *h, unsigned c) {
 #endif
 }
 /* One cached block back to its page by its owner h (the calling thread's heap: mld_free_parked and mld_free_remote
- * act for it): the free the fast path did before the cache. */
+ * act for it): the free the fast path did before the cache, each of whose paths counts it again. */
 static void bcache_return(heap_t *h, block_t *b) {
   page_t *pg = page_of(segment_of(b), b);
+  bcache_unfree(h, pg->size_class);
   atomic_store_explicit(&h->hazard, b, memory_order_release);
   atomic_signal_fence(memory_order_seq_cst);
-  if (__atomic_load_n(&pg->in_full, __ATOMIC_ACQUIRE)) { bcache_unfree(h, pg->size_class); mld_free_parked(b); return; }
-  if (atomic_load_explicit(&pg->heap, memory_order_relaxed) != h) { bcache_unfree(h, pg->size_class); mld_free_remote(pg, b); return; }
-  blk_set_next(pg, b, pg->free);
-  pg->free = b;
+  if (__atomic_load_n(&pg->in_full, __ATOMIC_ACQUIRE)) { mld_free_parked(b); return; }
+  if (atomic_load_explicit(&pg->heap, memory_order_relaxed) != h) { mld_free_remote(pg, b); return; }
+  mld_owner_push(pg, b);
   if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) mld_page_retire_owner(h, pg);
 }
 /* The cache's room at a thread's start or take-over: empty, every class its limit. */
@@ -468,11 +468,12 @@ static void bcache_flush_all(heap_t *h) {
   }
 }
 /* Every cached block of h back, by the thread that leaves h (its owner at exit, or the thread that abandons a dead
- * one), h's lock held, which keeps sweeps, claims and hand-overs out of h's pages: into h's own pages, parked ones too
+ * one), under h's lock, which keeps sweeps, claims and hand-overs out of h's pages: into h's own pages, parked ones too
  * (abandonment and take-over deal with their free blocks), and a page handed to another heap meanwhile gets its block
  * as a remote free published at once (no outbox: the caller may have no heap, or be past its destructor). The frees
  * were counted when the blocks entered the cache. */
 static void bcache_drop_all(heap_t *h) {
+  mld_spin_lock(&h->lock);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
     block_t *b = h->bcache[c];
     h->bcache[c] = NULL;
@@ -491,17 +492,15 @@ static void bcache_drop_all(heap_t *h) {
       b = n;
     }
   }
+  mld_spin_unlock(&h->lock);
 }
 #endif
 
 /* A thread is exiting (or, from a sweep, has ended without its destructor): its pending remote frees are sent,
  * its pages released or abandoned, its counters kept, its struct recycled. The caller holds `life`. */
-
 void mld_heap_abandon(heap_t *h) {
 #ifndef MALLARD_SECURE
-  mld_spin_lock(&h->lock);
   bcache_drop_all(h);
-  mld_spin_unlock(&h->lock);
 #endif
   mld_outbox_flush(h);
   mld_spin_lock(&h->lock);
@@ -529,9 +528,7 @@ void mld_heap_abandon(heap_t *h) {
 void mld_heap_exit(heap_t *h) {
   if (h->bound) { mld_heap_abandon(h); return; }
 #ifndef MALLARD_SECURE
-  mld_spin_lock(&h->lock);
   bcache_drop_all(h);   /* an orphan's cached blocks would keep pages its successor empties */
-  mld_spin_unlock(&h->lock);
 #endif
   mld_outbox_flush(h);
   MLD_RACE_WINDOW();   /* leaving: other threads free into its pages, a sweep may visit it meanwhile */
