@@ -482,8 +482,8 @@ static void bcache_drop_all(heap_t *h) {
       block_t *n = b->next;
       page_t *pg = page_of(segment_of(b), b);
       if (atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) {
-        blk_set_next(pg, b, pg->free);
-        pg->free = b;
+        bcache_unfree(h, pg->size_class);   /* mld_owner_push counts it again */
+        mld_owner_push(pg, b);
         mld_used_release_dec(pg);
       } else {
         MLD_STAT_ADD(h, remote_frees, 1);

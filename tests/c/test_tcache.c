@@ -1,8 +1,9 @@
 /* test_tcache.c — the fast variant's thread cache (heap.c bcache_*, option tcache): `lifo` checks that an owner's frees
  * come back last-freed-first, ahead of the current page, up to the class's limit (64 blocks of 64 B, 32 of 1 KiB);
  * `flush` that thread.tcache.flush gives cached blocks back to their pages, so that an emptied page leaves; `exit`
- * that a thread's cached blocks go back to its pages when it exits, so that the thread taking its heap over can give
- * those pages back. Each part runs in threads of its own: their heaps allocate nothing else of the classes used. */
+ * that a thread's cached blocks go back to its pages when it exits (counted freed once), so that the thread taking its
+ * heap over can give those pages back. Each part runs in threads of its own: their heaps allocate nothing else of the
+ * classes used. */
 #include "mtest.h"
 #include <pthread.h>
 
@@ -117,8 +118,14 @@ int main(int argc, char **argv) {
     run_thread(flush_run);
   } else if (!strcmp(part, "exit")) {
     run_thread(exit_collect);   /* whatever creating a thread allocates in this one (static, preload) is there now */
-    uint64_t before = mt_ctl_u64("stats.active");
+    unsigned cls = mt_class_of(1000);
+    uint64_t before = mt_ctl_u64("stats.active"), live_before = mt_class_stat(cls, "curobjs");
+    uint64_t freed_before = mt_class_stat(cls, "nfree");
     run_thread(exit_free_all);
+    /* Each free counted once: into the cache, and not again when the exit gives the block back to its page. */
+    uint64_t freed = mt_class_stat(cls, "nfree") - freed_before, live = mt_class_stat(cls, "curobjs");
+    CHECK(freed == 1024 && live == live_before, "class %u after the exiting thread's 1024 frees: nfree +%llu, curobjs "
+          "%llu -> %llu", cls, (unsigned long long)freed, (unsigned long long)live_before, (unsigned long long)live);
     run_thread(exit_collect);
     uint64_t after = mt_ctl_u64("stats.active");
     CHECK(after < before + 65536, "stats.active %llu -> %llu after the thread that took the heap over collected",
