@@ -38,12 +38,16 @@ static MLD_NOINLINE void *alloc_slow(heap_t *h, unsigned c) {
  * empty (the caller's slow path). */
 static inline void *alloc_class_try(heap_t *h, unsigned c) {
 #ifndef MALLARD_SECURE
-  block_t *cb = h->bcache[c];   /* cached blocks are counted in their pages' `used` already */
-  /* No likely(): hinted, gcc lays the page's path out as a cold tail that jumps back to a shared return (one
-   * instruction more on it: the pair through the page 74 against 73). */
-  if (cb != NULL) {
-    h->bcache[c] = cb->next;
-    h->broom[c]++;
+  void **t = h->btop[c];   /* cached blocks are counted in their pages' `used` already */
+  /* h "changed" (same register, no code): gcc otherwise computes h + 8c once for btop, bbound and current, an lea
+   * more than the indexed loads. */
+  mld_keep_in_register(h);
+  /* likely(): the cache's path falls through, the page's is the jump (glibc-thread/t2 2.4% slower the other way
+   * round, the same instructions: docs/PERFORMANCE.md, forty-second pass). */
+  if (likely((uint32_t)(uintptr_t)t != h->bbound[c].empty)) {
+    void *cb = *t;
+    if (cb == NULL) __builtin_unreachable();   /* only blocks are pushed: no test for the caller's slow path */
+    h->btop[c] = t + 1;
 #ifdef MALLARD_STATS
     mld_keep_in_register(h);
     h->stats.nmalloc[c]++;
@@ -257,18 +261,16 @@ static MLD_NOINLINE void free_flagged_own(void *p) { owner_free_slow(p); }
 static inline void owner_free(heap_t *h, page_t *pg, void *p) {
 #ifndef MALLARD_SECURE
   size_t c = pg->size_class;
-  if (likely(--h->broom[c] >= 0)) {
-    block_t *b = p;
-    b->next = h->bcache[c];
-    h->bcache[c] = b;
+  void **t = h->btop[c];
+  mld_keep_in_register(h);   /* no shared h + 8c for btop and bbound: an lea more than the indexed accesses */
+  if (likely((uint32_t)(uintptr_t)t != h->bbound[c].full)) {   /* room: nothing of the block or its page is written */
+    t[-1] = p;
+    h->btop[c] = t - 1;
 #ifdef MALLARD_STATS
     (*pg->nfree_count)++;
 #endif
     return;
   }
-  /* The room is read again (restored below), so that the test above stays one subtract with memory. */
-  __asm__ volatile("" ::: "memory");
-  h->broom[c]++;
 #endif
   mld_owner_push(pg, p);
   RACE_CHECK_STILL_OWN(pg, h);

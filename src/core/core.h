@@ -264,10 +264,24 @@ typedef struct outbox_s {
   };
 } outbox_t;
 
+#ifndef MALLARD_SECURE
+/* The thread cache's bounds per class (heap.c bcache_limit): 32 KiB and 64 blocks, classes up to 1 KiB. */
+#define MLD_BCACHE_BYTES 32768
+#define MLD_BCACHE_BLOCKS 64
+#define MLD_BCACHE_CLASS_MAX 1024
+/* Slots for every class's stack: 16 classes up to 512 B of 64, and 51 + 42 + 36 + 32 for 640 B-1 KiB (1,185). */
+#define MLD_BCACHE_SLOTS 1192
+/* The bounds of one class's stack in its heap's bslots (which grows down from `empty`: heap_t btop points at the block
+ * freed last), as the low 32 bits of the pointers (a stack spans a few hundred bytes: no two of its slots share them):
+ * btop[c] is empty when its low bits equal `empty`, full when they equal `full`; both equal for a class without a
+ * cache. Apart from btop, so that each is reached with one scaled index (no multiply by 16 on the fast paths). */
+typedef struct bbound_s { uint32_t empty, full; } bbound_t;
+#endif
+
 typedef struct heap_s {
 #ifndef MALLARD_SECURE
-  block_t *bcache[MLD_NUM_CLASSES];      /* the thread cache: blocks the owner freed, LIFO, linked through `next` */
-  int32_t broom[MLD_NUM_CLASSES];        /* blocks bcache[c] may still take (0: none, tcache:false) */
+  void **btop[MLD_NUM_CLASSES];          /* the thread cache: per class a stack of blocks the owner freed (in bslots) */
+  bbound_t bbound[MLD_NUM_CLASSES];      /* ... and its bounds */
 #endif
   page_t *current[MLD_NUM_CLASSES];      /* page allocated from; &mld_page_empty when none */
   page_list_t avail[MLD_NUM_CLASSES];    /* pages with (possibly) free blocks; head == current */
@@ -313,6 +327,9 @@ typedef struct heap_s {
   unsigned outbox_ops;                   /* remote frees since the outbox was last flushed */
   outbox_t outbox[MLD_OUTBOX_SLOTS];
   heap_stats_t stats;
+#ifndef MALLARD_SECURE
+  void *bslots[MLD_BCACHE_SLOTS];        /* the thread cache's stacks, class after class (heap.c bcache_reset) */
+#endif
 } heap_t;
 
 /* h takes pg, a small page of class pg->size_class: its `nfree_count` goes with its `heap` (the owner's free counts
@@ -557,12 +574,6 @@ extern __thread mld_tls_t mld_tls MLD_HIDDEN;
 extern heap_t mld_heap_empty MLD_HIDDEN;
 extern heap_t mld_exit_heap MLD_HIDDEN;                           /* threads past their heap's destructor */
 MLD_HIDDEN void *mld_malloc_slow(heap_t *h, unsigned cls);
-#ifndef MALLARD_SECURE
-/* The thread cache's bounds per class (heap.c bcache_limit): 32 KiB and 64 blocks, classes up to 1 KiB. */
-#define MLD_BCACHE_BYTES 32768
-#define MLD_BCACHE_BLOCKS 64
-#define MLD_BCACHE_CLASS_MAX 1024
-#endif
 MLD_HIDDEN void mld_free_remote(page_t *pg, void *p);             /* a block of another thread's small page */
 /* A page's slot in a thread's outbox (outbox.c): one page at a time, direct-mapped by descriptor address. */
 static inline outbox_t *mld_outbox_slot(heap_t *h, const page_t *pg) {

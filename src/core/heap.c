@@ -423,17 +423,31 @@ static void take_over_orphan_pages(heap_t *h) {
 }
 
 #ifndef MALLARD_SECURE
-/* ---- the thread cache (option tcache; api.c's fast paths): per class, a LIFO list of blocks the owner freed ----
+/* ---- the thread cache (option tcache; api.c's fast paths): per class, a stack of blocks the owner freed ----
  * malloc pops the block freed last, still in the CPU's cache, where a page's list hands out blocks freed long ago
- * (larson: a cache miss per malloc; docs/PERFORMANCE.md, issue 39's thirty-ninth pass). A cached block stays counted
- * in its page's `used`, so no claim, hand-over, sweep or release sees it as free; only the owner touches the list.
- * Every small class has one (a class without would make the fast paths' branches follow the random class of each
- * call); at most MLD_BCACHE_BLOCKS blocks and MLD_BCACHE_BYTES bytes a class, so that an idle thread pins little. */
-static int32_t bcache_limit(unsigned c) {
+ * (larson: a cache miss per malloc; docs/PERFORMANCE.md, issue 39's thirty-ninth pass). A stack of pointers in the
+ * heap (jemalloc's cache bins), not a list through the blocks: a push writes nothing into the block, a pop reads
+ * nothing of it, and a full or empty class costs a compare, no write (forty-second pass). A cached block stays
+ * counted in its page's `used`, so no claim, hand-over, sweep or release sees it as free; only the owner touches the
+ * stack. Every small class has one (a class without would make the fast paths' branches follow the random class of
+ * each call); at most MLD_BCACHE_BLOCKS blocks and MLD_BCACHE_BYTES bytes a class, so that an idle thread pins little. */
+static uint32_t bcache_limit(unsigned c) {
   uint32_t s = mld_class_size[c];
   if (!mld_opt.tcache || s > MLD_BCACHE_CLASS_MAX) return 0;
   uint32_t n = MLD_BCACHE_BYTES / s;
-  return n > MLD_BCACHE_BLOCKS ? MLD_BCACHE_BLOCKS : (int32_t)n;
+  return n > MLD_BCACHE_BLOCKS ? MLD_BCACHE_BLOCKS : n;
+}
+static inline uint32_t bstack_low(void **p) { return (uint32_t)(uintptr_t)p; }
+/* Class c's stack over slots [base, base + n): empty (top at its end). n == 0: no cache, always empty and full. */
+static void bstack_set(heap_t *h, unsigned c, void **base, uint32_t n) {
+  h->btop[c] = base + n;
+  h->bbound[c].empty = bstack_low(base + n);
+  h->bbound[c].full = bstack_low(base);
+}
+/* The block freed last of class c, taken off its stack; NULL when it is empty. */
+static void *bstack_pop(heap_t *h, unsigned c) {
+  if (bstack_low(h->btop[c]) == h->bbound[c].empty) return NULL;
+  return *h->btop[c]++;
 }
 static inline void bcache_unfree(heap_t *h, unsigned c) {
 #ifdef MALLARD_STATS
@@ -454,32 +468,35 @@ static void bcache_return(heap_t *h, block_t *b) {
   mld_owner_push(pg, b);
   if (mld_used_release_dec(pg) == 0 && !pg->keep_on_empty) mld_page_retire_owner(h, pg);
 }
-/* The cache's room at a thread's start or take-over: empty, every class its limit. */
+/* The cache at a thread's start or take-over: every class's stack empty, laid out in h->bslots class after class. */
 static void bcache_reset(heap_t *h) {
-  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) { h->bcache[c] = NULL; h->broom[c] = bcache_limit(c); }
+  uint32_t off = 0;
+  for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
+    uint32_t n = bcache_limit(c);
+    if (n > MLD_BCACHE_SLOTS - off) n = MLD_BCACHE_SLOTS - off;   /* never past bslots (MLD_BCACHE_SLOTS covers all) */
+    bstack_set(h, c, h->bslots + off, n);
+    off += n;
+  }
 }
-/* Every cached block back, by the owner (collection: mallard_collect, thread.tcache.flush, malloc_trim). */
+/* Every cached block back, by the owner (collection: mallard_collect, thread.tcache.flush, malloc_trim). Each block
+ * leaves its stack before it goes back (bcache_return may free into a parked page, which takes locks, never the cache). */
 static void bcache_flush_all(heap_t *h) {
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
-    block_t *b = h->bcache[c];
-    h->bcache[c] = NULL;
-    h->broom[c] = bcache_limit(c);
-    while (b) { block_t *n = b->next; bcache_return(h, b); b = n; }
+    block_t *b;
+    while ((b = bstack_pop(h, c)) != NULL) bcache_return(h, b);
   }
 }
 /* Every cached block of h back, by the thread that leaves h (its owner at exit, or the thread that abandons a dead
  * one), under h's lock, which keeps sweeps, claims and hand-overs out of h's pages: into h's own pages, parked ones too
  * (abandonment and take-over deal with their free blocks), and a page handed to another heap meanwhile gets its block
  * as a remote free published at once (no outbox: the caller may have no heap, or be past its destructor). The frees
- * were counted when the blocks entered the cache. */
+ * were counted when the blocks entered the cache. Every class is left without a cache until a thread takes the heap
+ * over (heap_attach). */
 static void bcache_drop_all(heap_t *h) {
   mld_spin_lock(&h->lock);
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) {
-    block_t *b = h->bcache[c];
-    h->bcache[c] = NULL;
-    h->broom[c] = 0;   /* until a thread takes the heap over (heap_attach) */
-    while (b) {
-      block_t *n = b->next;
+    block_t *b;
+    while ((b = bstack_pop(h, c)) != NULL) {
       page_t *pg = page_of(segment_of(b), b);
       if (atomic_load_explicit(&pg->heap, memory_order_relaxed) == h) {
         bcache_unfree(h, pg->size_class);   /* mld_owner_push counts it again */
@@ -489,8 +506,8 @@ static void bcache_drop_all(heap_t *h) {
         MLD_STAT_ADD(h, remote_frees, 1);
         mld_remote_push(pg, b, b, 1);
       }
-      b = n;
     }
+    bstack_set(h, c, h->bslots, 0);
   }
   mld_spin_unlock(&h->lock);
 }

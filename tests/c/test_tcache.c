@@ -1,13 +1,14 @@
 /* test_tcache.c — the fast variant's thread cache (heap.c bcache_*, option tcache): `lifo` checks that an owner's frees
- * come back last-freed-first, ahead of the current page, up to the class's limit (64 blocks of 64 B, 32 of 1 KiB);
- * `flush` that thread.tcache.flush gives cached blocks back to their pages, so that an emptied page leaves; `exit`
+ * come back last-freed-first, ahead of the current page, up to the class's limit, in every class up to 1 KiB (64
+ * blocks up to 512 B, 32 KiB's worth above: 32 of 1 KiB); `poison` that a write into a cached block, after its free,
+ * does not steer the next mallocs (the cache keeps its pointers outside the blocks); `flush` that thread.tcache.flush gives cached blocks back to their pages, so that an emptied page leaves; `exit`
  * that a thread's cached blocks go back to its pages when it exits (counted freed once), so that the thread taking its
  * heap over can give those pages back. Each part runs in threads of its own: their heaps allocate nothing else of the
  * classes used. */
 #include "mtest.h"
 #include <pthread.h>
 
-enum { NMAX = 4096 };
+enum { NMAX = 8192 };   /* a 64 KiB page of 16 B blocks and one more */
 static void *blk[NMAX];
 
 static uintptr_t page_id(const void *p) { return (uintptr_t)p >> 16; }   /* small pages are one 64 KiB slot */
@@ -56,10 +57,42 @@ static void lifo_class(size_t size, size_t limit) {
   for (size_t i = k; i < n; i++) M_free(mt_hide(blk[i]));
 }
 
+/* Every class up to 1 KiB: 16-128 B in steps of 16, then four a doubling. The heap lays their stacks out one after
+ * the other in a fixed array: one too short would cut the last classes' limits. */
 static void *lifo_run(void *arg) {
   (void)arg;
-  lifo_class(64, 64);     /* 64 blocks: the count bounds it */
-  lifo_class(1000, 32);   /* class 1,024 B: 32 KiB bounds it */
+  static const size_t sizes[] = { 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+                                  320, 384, 448, 512, 640, 768, 896, 1000 };
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t limit = 32768 / (sizes[i] <= 512 ? 512 : sizes[i] == 1000 ? 1024 : sizes[i]);   /* 64 blocks, or 32 KiB */
+    lifo_class(sizes[i], limit);
+  }
+  return NULL;
+}
+
+/* ---- poison ---- */
+/* Two blocks freed into the cache, then the one freed last overwritten through a stale pointer with the address of a
+ * decoy (where a cache linked through its blocks keeps its next pointer): the next two mallocs still hand out the two
+ * blocks, and never the decoy. */
+static char decoy[256] __attribute__((aligned(64)));
+static __attribute__((noinline)) void scribble(void *p, size_t n) {
+  void **w = mt_hide(p);
+  for (size_t i = 0; i < n / sizeof(void *); i++) w[i] = decoy;
+}
+static void *poison_run(void *arg) {
+  (void)arg;
+  for (size_t size = 16; size <= 1024; size *= 2) {
+    void *a = M_malloc(size), *b = M_malloc(size);
+    REQUIRE(a && b, "malloc");
+    M_free(mt_hide(b));
+    M_free(mt_hide(a));
+    scribble(a, size);   /* a use after free, on purpose */
+    void *x = M_malloc(size), *y = M_malloc(size);
+    CHECK(x == a && y == b, "size %zu: after a write into a freed cached block, malloc gave %p and %p (%p and %p "
+          "expected; the decoy is %p)", size, x, y, a, b, (void *)decoy);
+    if (x != (void *)decoy) M_free(mt_hide(x));
+    if (y != (void *)decoy) M_free(mt_hide(y));
+  }
   return NULL;
 }
 
@@ -114,6 +147,8 @@ int main(int argc, char **argv) {
   const char *part = argc > 1 ? argv[1] : "lifo";
   if (!strcmp(part, "lifo")) {
     run_thread(lifo_run);
+  } else if (!strcmp(part, "poison")) {
+    run_thread(poison_run);
   } else if (!strcmp(part, "flush")) {
     run_thread(flush_run);
   } else if (!strcmp(part, "exit")) {
