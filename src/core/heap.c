@@ -162,7 +162,14 @@ heap_t *mld_heap_get_near(const heap_t *prefer) {
   if (!h) return NULL;
   /* Made ready, `life` held, before it is registered (a sweep may look at it from then on): no other lock is
    * held while `life` is taken, which is then held for the thread's whole life. */
-  memset(h, 0, sizeof *h);
+  /* A thread sending remote frees may still read last_slow_ms and write reclaim_wanted of a struct recycled since it
+   * read its page's owner (outbox.c remote_notify: one walk in vain): those two are reset with atomics, not memset. */
+  _Static_assert(offsetof(heap_t, reclaim_wanted) == offsetof(heap_t, last_slow_ms) + 8 &&
+                 offsetof(heap_t, reclaim_ms) <= offsetof(heap_t, reclaim_wanted) + 8, "nothing else between the two");
+  memset(h, 0, offsetof(heap_t, last_slow_ms));
+  atomic_store_explicit(&h->last_slow_ms, 0, memory_order_relaxed);
+  atomic_store_explicit(&h->reclaim_wanted, 0, memory_order_relaxed);
+  memset((char *)h + offsetof(heap_t, reclaim_ms), 0, sizeof *h - offsetof(heap_t, reclaim_ms));
   for (unsigned c = 0; c < MLD_NUM_CLASSES; c++) h->current[c] = &mld_page_empty;
   atomic_store_explicit(&h->lock, 0, memory_order_relaxed);
   life_begin(h);
